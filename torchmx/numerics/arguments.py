@@ -1,0 +1,87 @@
+"""Validation of user arguments, shared by the reference, the custom ops and MXTensor.
+
+Every user mistake becomes a ValueError or TypeError that names the argument and what it
+allows (DESIGN.md section 5), before any arithmetic runs.
+"""
+
+from typing import Optional, Union
+
+import torch
+
+from .. import dtypes
+from .rounding import ROUNDING_MODES
+from .scale import SCALE_MODES
+
+HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MAX_SEED = 2**63 - 1
+
+
+def _names(dtype_list) -> str:
+    return ", ".join(str(d) for d in dtype_list)
+
+
+def check_tensor(value, arg: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{arg} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_high_precision_input(data_hp, arg: str = "data_hp") -> torch.Tensor:
+    check_tensor(data_hp, arg)
+    if data_hp.dtype not in HIGH_PRECISION_DTYPES:
+        raise TypeError(f"{arg} must have dtype {_names(HIGH_PRECISION_DTYPES)}, got {data_hp.dtype}")
+    return data_hp
+
+
+def check_target_dtype(target_dtype, arg: str = "target_dtype") -> torch.dtype:
+    if target_dtype not in HIGH_PRECISION_DTYPES:
+        raise ValueError(f"{arg} must be one of {_names(HIGH_PRECISION_DTYPES)}, got {target_dtype}")
+    return target_dtype
+
+
+def check_block_size(block_size) -> int:
+    if not isinstance(block_size, int) or isinstance(block_size, bool):
+        raise TypeError(f"block_size must be an int >= 1, got {type(block_size).__name__}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1, got {block_size}")
+    return block_size
+
+
+def normalize_block_dim(block_dim, ndim: int) -> int:
+    """block_dim as a non-negative axis; a 0-d tensor counts as one axis of length 1."""
+    if not isinstance(block_dim, int) or isinstance(block_dim, bool):
+        raise TypeError(f"block_dim must be an int, got {type(block_dim).__name__}")
+    axes = max(ndim, 1)
+    if not -axes <= block_dim < axes:
+        raise ValueError(f"block_dim must be in [{-axes}, {axes - 1}] for a {ndim}-d tensor, got {block_dim}")
+    return block_dim % axes
+
+
+def check_scale_mode(scale_mode) -> str:
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(f"scale_mode must be one of {', '.join(SCALE_MODES)}; got {scale_mode!r}")
+    return scale_mode
+
+
+def check_rounding(rounding) -> str:
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"rounding must be one of {', '.join(ROUNDING_MODES)}; got {rounding!r}")
+    return rounding
+
+
+def resolve_seed(seed: Union[int, torch.Generator, None], rounding: str) -> Optional[int]:
+    """The integer seed of stochastic rounding: given, drawn from a Generator, or drawn from
+    torch's default generator (so torch.manual_seed makes it reproducible). None otherwise."""
+    if rounding != "stochastic":
+        return None
+    if isinstance(seed, torch.Generator) or seed is None:
+        return int(torch.randint(0, _MAX_SEED, (), generator=seed))
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int in [0, 2**63), a torch.Generator or None, got {type(seed).__name__}")
+    if not 0 <= seed <= _MAX_SEED:
+        raise ValueError(f"seed must be an int in [0, 2**63), got {seed}")
+    return seed
+
+
+def check_elem_dtype(elem_dtype) -> dtypes.DType:
+    return dtypes.resolve(elem_dtype)
