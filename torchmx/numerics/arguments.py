@@ -16,6 +16,11 @@ HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_SEED = 2**63 - 1
 
 
+def is_int(value) -> bool:
+    """A Python int (or a symbolic one under torch.compile), not a bool."""
+    return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
+
+
 def _names(dtype_list) -> str:
     return ", ".join(str(d) for d in dtype_list)
 
@@ -40,7 +45,7 @@ def check_target_dtype(target_dtype, arg: str = "target_dtype") -> torch.dtype:
 
 
 def check_block_size(block_size) -> int:
-    if not isinstance(block_size, int) or isinstance(block_size, bool):
+    if not is_int(block_size):
         raise TypeError(f"block_size must be an int >= 1, got {type(block_size).__name__}")
     if block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size}")
@@ -49,7 +54,7 @@ def check_block_size(block_size) -> int:
 
 def normalize_block_dim(block_dim, ndim: int) -> int:
     """block_dim as a non-negative axis; a 0-d tensor counts as one axis of length 1."""
-    if not isinstance(block_dim, int) or isinstance(block_dim, bool):
+    if not is_int(block_dim):
         raise TypeError(f"block_dim must be an int, got {type(block_dim).__name__}")
     axes = max(ndim, 1)
     if not -axes <= block_dim < axes:

@@ -114,7 +114,7 @@ def check_dequantize_arguments(data_lp, scale_u8, elem_dtype, block_size, target
             raise ValueError(f"data_lp has {length} bytes along block_dim {block_dim}, not whole "
                              f"{group_bytes}-byte groups of {elem_dtype.name}")
         block_dim_size = length // group_bytes * group
-    elif not isinstance(block_dim_size, int) or block_dim_size < 0:
+    elif not args.is_int(block_dim_size) or block_dim_size < 0:
         raise ValueError(f"block_dim_size must be None or an int >= 0, got {block_dim_size!r}")
     expected_data = list(scale_u8.shape)
     expected_data[axis] = packed_length(block_dim_size, elem_dtype)

@@ -1,0 +1,34 @@
+"""Parametrization shared by the tests: every format, mode and dtype the contract covers."""
+
+import torch
+
+from torchmx import dtypes
+
+FORMATS = dtypes.SUPPORTED_ELEM_DTYPES + (dtypes.ExMy(1, 2), dtypes.ExMy(3, 3), dtypes.ExMy(2, 0))
+FORMAT_IDS = [f.name for f in FORMATS]
+SCALE_MODES = ("floor", "ceil", "even", "rceil")
+ROUNDINGS = ("even", "away", "toward_zero", "trunc", "stochastic")
+HP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def wide_range_input(shape, dtype, seed=0):
+    """Gaussian values spread over many binades per row, with NaN, Inf, zero and tiny blocks."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=generator, dtype=torch.float64)
+    if x.dim() >= 1 and x.numel() > 0:
+        spread = torch.randint(-30, 30, shape, generator=generator).double()
+        x = x * torch.exp2(spread.clamp(-12, 12) if dtype == torch.float16 else spread)
+    x = x.to(dtype)
+    flat = x.view(-1)
+    if flat.numel() >= 200:
+        flat[7] = float("nan")
+        flat[100] = float("-inf")
+        flat[130:170] = 0.0
+        flat[131] = -0.0
+        flat[171:190] = torch.finfo(dtype).tiny / 8  # subnormal inputs
+    return x
+
+
+def bit_view(t: torch.Tensor) -> torch.Tensor:
+    """Integer view of a float tensor, so that comparisons are bitwise (NaN == NaN, -0 != 0)."""
+    return t.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])

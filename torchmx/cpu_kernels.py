@@ -1,0 +1,174 @@
+"""CPU fast path: the C kernels of torchmx/csrc/mx_cpu.c, compiled on first use.
+
+The C file has no dependency; it is built with the system C compiler into a cache folder
+(TORCHMX_CACHE_DIR, default ~/.cache/torchmx) and called through ctypes, which releases the GIL,
+so rows are split across `torch.get_num_threads()` Python threads. Without a compiler,
+`available()` is False and the custom ops fall back to the reference numerics (with a warning).
+Dequantize reads a (scale byte x code) table that the reference numerics compute, so its
+arithmetic is the reference's by construction; tests hold both kernels bit-exact to it.
+"""
+
+import concurrent.futures
+import ctypes
+import functools
+import hashlib
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from typing import Optional, Tuple
+
+import torch
+
+from . import dtypes
+from .numerics import decode
+from .numerics.packing import packed_length
+from .numerics.rounding import ROUNDING_MODES, seed_key
+from .numerics.scale import SCALE_MODES, scale_value
+
+_SOURCE = pathlib.Path(__file__).parent / "csrc" / "mx_cpu.c"
+_FLAGS = ["-O3", "-march=native", "-std=c99", "-shared", "-fPIC", "-fno-semantic-interposition",
+          "-ffp-contract=off"]
+_INPUT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_MIN_ELEMENTS_PER_THREAD = 1 << 16
+
+
+class _Format(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in
+                ("is_int", "bits", "mantissa_bits", "min_exponent", "emax", "max_code")]
+    _fields_ += [("max_normal", ctypes.c_float), ("codes_per_group", ctypes.c_int32),
+                 ("bytes_per_group", ctypes.c_int32)]
+
+
+def _compile(target: pathlib.Path) -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler found (set CC)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # atomic rename: safe in parallel
+        built = pathlib.Path(tmp) / target.name
+        subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(built), "-lm"],
+                       check=True, capture_output=True, text=True)
+        os.replace(built, target)
+
+
+@functools.lru_cache(maxsize=None)
+def _library() -> Optional[ctypes.CDLL]:
+    source = _SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(_FLAGS).encode() + sys.platform.encode()).hexdigest()[:16]
+    cache = pathlib.Path(os.environ.get("TORCHMX_CACHE_DIR", pathlib.Path.home() / ".cache" / "torchmx"))
+    path = cache / f"mx_cpu_{digest}.so"
+    try:
+        if not path.exists():
+            _compile(path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", "") or error
+        warnings.warn(f"torchmx: CPU kernels unavailable, using the slower reference ({detail})")
+        return None
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    lib.mx_quantize_rows.argtypes = [ptr, i32, i64, i64, i64, i64, ctypes.POINTER(_Format), i64,
+                                     i32, i32, ctypes.c_uint32, ptr, ptr, ptr, ptr]
+    lib.mx_dequantize_rows.argtypes = [ptr, ptr, i64, i64, i64, i64, ctypes.POINTER(_Format), i64,
+                                       ptr, i64, i32, ptr, ptr]
+    return lib
+
+
+def available() -> bool:
+    """True when the C kernels compiled and loaded."""
+    if os.environ.get("TORCHMX_CPU_BACKEND") == "reference":
+        return False
+    return _library() is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _format(elem_dtype: dtypes.DType) -> _Format:
+    return _Format(elem_dtype.kind == "int", elem_dtype.bits, elem_dtype.mantissa_bits,
+                   elem_dtype.min_exponent, elem_dtype.emax, elem_dtype.max_code, elem_dtype.max,
+                   elem_dtype.codes_per_group, elem_dtype.bytes_per_group)
+
+
+@functools.lru_cache(maxsize=None)
+def _dequantize_table(elem_dtype: dtypes.DType, target_dtype: torch.dtype) -> torch.Tensor:
+    """table[b, code] = decode(code) * 2**(b - 127) rounded once to target_dtype, by the reference."""
+    codes = torch.arange(1 << elem_dtype.bits, dtype=torch.int32)
+    if elem_dtype.kind == "int":
+        codes = codes.to(torch.uint8).view(torch.int8)
+    values = decode(codes, elem_dtype)
+    scales = scale_value(torch.arange(256, dtype=torch.int32).to(torch.uint8))
+    return (scales[:, None] * values[None, :]).to(target_dtype).contiguous()
+
+
+@functools.lru_cache(maxsize=1)
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+
+
+def _run_rows(rows: int, elements_per_row: int, call) -> None:
+    """call(begin, end) over row chunks, in parallel when the work is large enough."""
+    work = rows * max(elements_per_row, 1)
+    chunks = max(1, min(torch.get_num_threads(), rows, work // _MIN_ELEMENTS_PER_THREAD))
+    bounds = [rows * i // chunks for i in range(chunks + 1)]
+    if chunks == 1:
+        call(0, rows)
+        return
+    futures = [_pool().submit(call, bounds[i], bounds[i + 1]) for i in range(chunks)]
+    for future in futures:
+        future.result()
+
+
+def _split(shape, axis) -> Tuple[int, int, int]:
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+
+
+def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, scale_mode: str,
+             rounding: str, axis: int, seed: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as numerics.quantize_mx_reference, for validated arguments on CPU."""
+    x = data_hp.reshape(1) if data_hp.dim() == 0 else data_hp.contiguous()
+    outer, n, inner = _split(x.shape, axis)
+    blocks = -(-n // block_size)
+    scale_shape, data_shape = list(x.shape), list(x.shape)
+    scale_shape[axis], data_shape[axis] = blocks, packed_length(n, elem_dtype)
+    scale = torch.empty(scale_shape, dtype=torch.uint8)
+    data = torch.empty(data_shape, dtype=elem_dtype.storage_dtype)
+    if x.numel() == 0:
+        return scale, data
+    fmt, key = _format(elem_dtype), seed_key(seed or 0)
+    mode, rnd = SCALE_MODES.index(scale_mode), ROUNDING_MODES.index(rounding)
+
+    def call(begin, end):
+        values, codes = torch.empty(2 * n, dtype=torch.float32), torch.empty(n, dtype=torch.uint8)
+        _library().mx_quantize_rows(x.data_ptr(), _INPUT_CODES[x.dtype], n, inner, begin, end,
+                                    ctypes.byref(fmt), block_size, mode, rnd, key, scale.data_ptr(),
+                                    data.data_ptr(), values.data_ptr(), codes.data_ptr())
+
+    _run_rows(outer * inner, n, call)
+    return scale, data
+
+
+def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes.DType,
+               block_size: int, target_dtype: torch.dtype, axis: int, n: int) -> torch.Tensor:
+    """Same contract as numerics.dequantize_mx_reference, for validated arguments on CPU."""
+    data, scale = data_lp.contiguous(), scale_u8.contiguous()
+    outer, _, inner = _split(data.shape, axis)
+    out_shape = list(data.shape)
+    out_shape[axis] = n
+    out = torch.empty(out_shape, dtype=target_dtype)
+    if out.numel() == 0:
+        return out
+    table = _dequantize_table(elem_dtype, target_dtype)
+    fmt = _format(elem_dtype)
+
+    def call(begin, end):
+        scratch = torch.empty(n, dtype=torch.uint8)
+        _library().mx_dequantize_rows(data.data_ptr(), scale.data_ptr(), n, inner, begin, end,
+                                      ctypes.byref(fmt), block_size, table.data_ptr(),
+                                      table.shape[1], table.element_size(), out.data_ptr(),
+                                      scratch.data_ptr())
+
+    _run_rows(outer * inner, n, call)
+    return out

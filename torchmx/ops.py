@@ -1,0 +1,140 @@
+"""The torch.library custom ops `torchmx::quantize_mx` and `torchmx::dequantize_mx`.
+
+They keep torchmx 0.1.0's positional signatures; every new option is keyword-only with the
+same name and default as in `MXTensor.to_mx` and the configs. The op bodies validate their
+arguments and dispatch by device to the fastest backend proven bit-identical to the reference
+numerics: the C kernels on CPU, the Triton kernels on CUDA, the reference anywhere else (or
+when a backend is unavailable). Set TORCHMX_BACKEND=reference to force the reference.
+"""
+
+import os
+from typing import Optional, Tuple
+
+import torch
+
+from . import cpu_kernels, dtypes
+from .numerics import arguments as args
+from .numerics.packing import packed_length
+from .numerics.reference import (
+    check_dequantize_arguments,
+    dequantize_mx_reference,
+    quantize_mx_reference,
+)
+
+__all__ = ["quantize_mx", "dequantize_mx", "backend_for"]
+
+
+def _triton_kernels():
+    """The Triton backend module, or None when Triton (or the module) is not available."""
+    try:
+        from .kernels import triton_backend
+    except ImportError:
+        return None
+    return triton_backend if triton_backend.available() else None
+
+
+def backend_for(device: torch.device) -> str:
+    """Name of the backend the ops use on `device`: "cpu", "triton" or "reference"."""
+    if os.environ.get("TORCHMX_BACKEND") == "reference":
+        return "reference"
+    if device.type == "cpu" and cpu_kernels.available():
+        return "cpu"
+    if device.type == "cuda" and _triton_kernels() is not None:
+        return "triton"
+    return "reference"
+
+
+def _validate_quantize(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim):
+    elem_dtype = dtypes.from_name(elem_dtype_name)
+    args.check_high_precision_input(data_hp)
+    args.check_block_size(block_size)
+    args.check_scale_mode(scale_mode)
+    args.check_rounding(rounding)
+    return elem_dtype, args.normalize_block_dim(block_dim, data_hp.dim())
+
+
+@torch.library.custom_op("torchmx::quantize_mx", mutates_args=())
+def quantize_mx(
+    data_hp: torch.Tensor,
+    elem_dtype_name: str,
+    block_size: int,
+    *,
+    scale_mode: str = "floor",
+    rounding: str = "even",
+    block_dim: int = -1,
+    seed: Optional[int] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a fp32/bf16/fp16 tensor to MX: returns (scale_u8, data_lp).
+
+    scale_u8 has data_hp's shape with the block axis reduced to ceil(n / block_size); data_lp
+    holds the codes packed along the block axis (fp4: 2 per byte, low nibble first; fp6: 4 in 3
+    bytes; others 1 byte, int8 as torch.int8). A 0-d input is treated as a 1-element vector.
+    Stochastic rounding without a seed draws one from torch's default generator.
+    """
+    elem_dtype, axis = _validate_quantize(
+        data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim)
+    seed = args.resolve_seed(seed, rounding)
+    backend = backend_for(data_hp.device)
+    if backend == "cpu":
+        return cpu_kernels.quantize(data_hp, elem_dtype, block_size, scale_mode, rounding, axis, seed)
+    if backend == "triton":
+        return _triton_kernels().quantize(
+            data_hp, elem_dtype, block_size, scale_mode, rounding, axis, seed)
+    return quantize_mx_reference(data_hp, elem_dtype, block_size, scale_mode=scale_mode,
+                                 rounding=rounding, block_dim=axis, seed=seed)
+
+
+@quantize_mx.register_fake
+def _quantize_mx_fake(data_hp, elem_dtype_name, block_size, *, scale_mode="floor",
+                      rounding="even", block_dim=-1, seed=None):
+    elem_dtype, axis = _validate_quantize(
+        data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim)
+    shape = [1] if data_hp.dim() == 0 else list(data_hp.shape)
+    n = shape[axis]
+    scale_shape, data_shape = list(shape), list(shape)
+    scale_shape[axis] = (n + block_size - 1) // block_size
+    data_shape[axis] = packed_length(n, elem_dtype)
+    scale = data_hp.new_empty(scale_shape, dtype=torch.uint8)
+    return scale, data_hp.new_empty(data_shape, dtype=elem_dtype.storage_dtype)
+
+
+@torch.library.custom_op("torchmx::dequantize_mx", mutates_args=())
+def dequantize_mx(
+    data_lp: torch.Tensor,
+    shared_exp_e8m0: torch.Tensor,
+    elem_dtype_name: str,
+    block_size: int,
+    target_dtype: torch.dtype = torch.float32,
+    block_dim: int = -1,
+    *,
+    block_dim_size: Optional[int] = None,
+) -> torch.Tensor:
+    """Dequantize packed MX data: decode(code) * 2**(b - 127) exactly, one rounding to
+    target_dtype (fp32, bf16 or fp16); scale byte 255 gives NaN.
+
+    `block_dim_size` is the number of elements along block_dim; by default the data is taken to
+    hold whole packing groups (only fp4 and fp6 can be ambiguous).
+    """
+    elem_dtype, axis, n = check_dequantize_arguments(
+        data_lp, shared_exp_e8m0, elem_dtype_name, block_size, target_dtype, block_dim,
+        block_dim_size)
+    backend = backend_for(data_lp.device)
+    if backend == "cpu":
+        return cpu_kernels.dequantize(
+            data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype, axis, n)
+    if backend == "triton":
+        return _triton_kernels().dequantize(
+            data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype, axis, n)
+    return dequantize_mx_reference(data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype,
+                                   axis, block_dim_size=n)
+
+
+@dequantize_mx.register_fake
+def _dequantize_mx_fake(data_lp, shared_exp_e8m0, elem_dtype_name, block_size,
+                        target_dtype=torch.float32, block_dim=-1, *, block_dim_size=None):
+    _, axis, n = check_dequantize_arguments(
+        data_lp, shared_exp_e8m0, elem_dtype_name, block_size, target_dtype, block_dim,
+        block_dim_size)
+    shape = list(data_lp.shape)
+    shape[axis] = n
+    return data_lp.new_empty(shape, dtype=target_dtype)
