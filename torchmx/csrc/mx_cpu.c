@@ -239,17 +239,21 @@ void mx_quantize_rows(const void *src, int in_dtype, int64_t n, int64_t inner,
 
 /* Read n codes of one row from packed bytes `inner` apart (inverse of pack_row). */
 static void unpack_row(const uint8_t *data, int64_t n, const Format *f, int64_t inner, uint8_t *codes) {
-    const uint32_t mask = f->bits == 8 ? 0xFFu : (1u << f->bits) - 1;
     if (f->codes_per_group == 1) {
         for (int64_t i = 0; i < n; i++) codes[i] = data[i * inner];
-        return;
-    }
-    for (int64_t g = 0; g * f->codes_per_group < n; g++) {
-        uint32_t word = 0;
-        for (int32_t b = 0; b < f->bytes_per_group; b++)
-            word |= (uint32_t)data[(g * f->bytes_per_group + b) * inner] << (8 * b);
-        for (int32_t c = 0; c < f->codes_per_group && g * f->codes_per_group + c < n; c++)
-            codes[g * f->codes_per_group + c] = (uint8_t)((word >> (f->bits * c)) & mask);
+    } else if (f->codes_per_group == 2) {  /* 4-bit: element 2i in the low nibble */
+        for (int64_t g = 0; g < n / 2; g++) {
+            uint8_t byte = data[g * inner];
+            codes[2 * g] = byte & 0xF;
+            codes[2 * g + 1] = byte >> 4;
+        }
+        if (n % 2) codes[n - 1] = data[(n / 2) * inner] & 0xF;
+    } else {  /* 6-bit: 4 codes in 3 bytes, little-endian bitstream */
+        for (int64_t g = 0; g * 4 < n; g++) {
+            uint32_t word = (uint32_t)data[(3 * g) * inner] | (uint32_t)data[(3 * g + 1) * inner] << 8
+                            | (uint32_t)data[(3 * g + 2) * inner] << 16;
+            for (int32_t c = 0; c < 4 && 4 * g + c < n; c++) codes[4 * g + c] = (word >> (6 * c)) & 0x3F;
+        }
     }
 }
 
