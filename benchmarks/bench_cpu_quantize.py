@@ -4,9 +4,8 @@
         [--torchmx010-python /tmp/torchmx010/bin/python]   # made by setup_torchmx010.sh
 
 It first checks that the ops (C kernels) equal the reference numerics bit for bit on the
-benchmark's own input, then times every format (best of --repeat runs, which is robust to other
-load on the machine; bf16 input, blocks of
-32 along the last dim) next to a plain copy of the input and, when given its interpreter,
+benchmark's own input, then times every format (best of --repeat runs, which is robust to
+other load on the machine; bf16 input, blocks of 32 along the last dim) next to a plain copy of the input and, when given its interpreter,
 torchmx 0.1.0 (run in a subprocess: it needs torchao==0.6.1). Ratios > 1 mean torchmx is faster.
 """
 
