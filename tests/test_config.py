@@ -1,0 +1,45 @@
+"""Configs: validation with clear errors, dict round trip, torchmx 0.1.0 dicts load."""
+
+import pytest
+
+from torchmx import dtypes
+from torchmx.config import MXConfig, QAttentionConfig, QLinearConfig
+
+
+def test_mxconfig_defaults_and_dtype():
+    cfg = MXConfig("float4_e2m1")
+    assert (cfg.block_size, cfg.scale_mode, cfg.rounding) == (32, "floor", "even")
+    assert cfg.elem_dtype is dtypes.float4_e2m1
+    assert MXConfig(dtypes.ExMy(1, 2)).elem_dtype_name == "e1m2"
+
+
+def test_round_trip_nested():
+    linear = QLinearConfig(MXConfig("float6_e3m2", 16, scale_mode="rceil"),
+                           MXConfig("float8_e4m3"), grad_config=MXConfig("float8_e5m2", rounding="stochastic"))
+    attention = QAttentionConfig(linear, *[MXConfig("int8", 64)] * 4)
+    for cfg in (linear, attention, QAttentionConfig(linear), QLinearConfig(MXConfig("int8"))):
+        assert type(cfg).load_from_dict(cfg.to_dict()) == cfg
+
+
+def test_torchmx_010_dict_loads():
+    old = {"weights_config": {"elem_dtype_name": "float6_e3m2", "block_size": 32},
+           "activations_config": {"elem_dtype_name": "float8_e4m3", "block_size": 32}}
+    cfg = QLinearConfig.load_from_dict(old)
+    assert cfg.weights_config == MXConfig("float6_e3m2") and cfg.activations_config == MXConfig("float8_e4m3")
+
+
+@pytest.mark.parametrize("make, error, words", [
+    (lambda: MXConfig("fp4"), ValueError, "unknown elem_dtype 'fp4'"),
+    (lambda: MXConfig("int8", block_size=0), ValueError, "block_size must be an int >= 1"),
+    (lambda: MXConfig("int8", scale_mode="round"), ValueError, "scale_mode must be one of floor, ceil, even, rceil"),
+    (lambda: MXConfig("int8", rounding="nearest"), ValueError, "rounding must be one of even, away"),
+    (lambda: QLinearConfig("int8"), TypeError, "weights_config must be an MXConfig"),
+    (lambda: QAttentionConfig(QLinearConfig(MXConfig("int8")), query_config=MXConfig("int8")),
+     ValueError, "all or none of query_config"),
+    (lambda: MXConfig.load_from_dict({"elem_dtype_name": "int8", "blocksize": 4}), ValueError,
+     "unknown keys ['blocksize']"),
+])
+def test_bad_configs(make, error, words):
+    with pytest.raises(error) as info:
+        make()
+    assert words in str(info.value)

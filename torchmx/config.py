@@ -1,0 +1,118 @@
+"""Quantization configs: what to quantize, to which format, how. Frozen, validated, dict round trip.
+
+`MXConfig` describes one quantized tensor; `QLinearConfig` a linear layer (weights, activations
+and optionally the gradients of its backward GEMMs); `QAttentionConfig` an attention block
+(its projections and, all together or not at all, q, k, v and the attention weights).
+The option names are the ones of the custom ops and `MXTensor.to_mx`.
+"""
+
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+from . import dtypes
+from .numerics import arguments as args
+
+__all__ = ["MXConfig", "QLinearConfig", "QAttentionConfig"]
+
+
+class _DictRoundTrip:
+    """to_dict / load_from_dict for frozen dataclasses whose nested fields are configs too."""
+
+    _nested: dict = {}  # field name -> config class
+
+    def to_dict(self) -> dict:
+        out = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            out[field.name] = value.to_dict() if isinstance(value, _DictRoundTrip) else value
+        return out
+
+    @classmethod
+    def load_from_dict(cls, config_dict: dict) -> Any:
+        if not isinstance(config_dict, dict):
+            raise TypeError(f"{cls.__name__}.load_from_dict expects a dict, got {type(config_dict).__name__}")
+        known = {field.name for field in fields(cls)}
+        unknown = set(config_dict) - known
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        values = {}
+        for name, value in config_dict.items():
+            nested = cls._nested.get(name)
+            values[name] = nested.load_from_dict(value) if nested and value is not None else value
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class MXConfig(_DictRoundTrip):
+    """How one tensor is quantized: format, block size, scale mode, element rounding."""
+
+    elem_dtype_name: str
+    block_size: int = 32
+    scale_mode: str = "floor"
+    rounding: str = "even"
+
+    def __post_init__(self):
+        if isinstance(self.elem_dtype_name, dtypes.DType):  # accept the object, store its name
+            object.__setattr__(self, "elem_dtype_name", self.elem_dtype_name.name)
+        dtypes.from_name(self.elem_dtype_name)
+        args.check_block_size(self.block_size)
+        args.check_scale_mode(self.scale_mode)
+        args.check_rounding(self.rounding)
+
+    @property
+    def elem_dtype(self) -> dtypes.DType:
+        return dtypes.from_name(self.elem_dtype_name)
+
+
+def _check_optional_config(value, name: str) -> None:
+    if value is not None and not isinstance(value, MXConfig):
+        raise TypeError(f"{name} must be an MXConfig or None, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class QLinearConfig(_DictRoundTrip):
+    """A linear layer: weights (blocks along K), activations (blocks along K; None keeps them
+    in high precision) and, optionally, the backward GEMMs' operands (None: high precision)."""
+
+    weights_config: MXConfig
+    activations_config: Optional[MXConfig] = None
+    grad_config: Optional[MXConfig] = None
+
+    _nested = {"weights_config": MXConfig, "activations_config": MXConfig, "grad_config": MXConfig}
+
+    def __post_init__(self):
+        if not isinstance(self.weights_config, MXConfig):
+            raise TypeError(f"weights_config must be an MXConfig, got {type(self.weights_config).__name__}")
+        _check_optional_config(self.activations_config, "activations_config")
+        _check_optional_config(self.grad_config, "grad_config")
+
+
+_ATTENTION_TENSORS = ("query_config", "key_config", "value_config", "attention_weights_config")
+
+
+@dataclass(frozen=True)
+class QAttentionConfig(_DictRoundTrip):
+    """An attention block: its q/k/v/o projections and, all together or none, the inputs of the
+    two attention matmuls (q, k, v and the softmax output)."""
+
+    projection_config: QLinearConfig
+    query_config: Optional[MXConfig] = None
+    key_config: Optional[MXConfig] = None
+    value_config: Optional[MXConfig] = None
+    attention_weights_config: Optional[MXConfig] = None
+
+    _nested = {"projection_config": QLinearConfig, **{name: MXConfig for name in _ATTENTION_TENSORS}}
+
+    def __post_init__(self):
+        if not isinstance(self.projection_config, QLinearConfig):
+            raise TypeError("projection_config must be a QLinearConfig, got "
+                            f"{type(self.projection_config).__name__}")
+        for name in _ATTENTION_TENSORS:
+            _check_optional_config(getattr(self, name), name)
+        given = [getattr(self, name) is not None for name in _ATTENTION_TENSORS]
+        if any(given) and not all(given):
+            raise ValueError(f"give all or none of {', '.join(_ATTENTION_TENSORS)}")
+
+    @property
+    def is_qkv_quantization_enabled(self) -> bool:
+        return self.query_config is not None
