@@ -186,17 +186,22 @@ static void encode_row(const float *x, int64_t count, const float *inverse_scale
 #undef ENCODE_CASE
 }
 
-/* Write n codes of one row into packed bytes with a stride of `inner` between bytes. */
+/* Write n codes of one row into packed bytes `inner` apart (layout: see packing.py). */
 static void pack_row(const uint8_t *codes, int64_t n, const Format *f, uint8_t *out, int64_t inner) {
-    int64_t groups = (n + f->codes_per_group - 1) / f->codes_per_group;
-    for (int64_t g = 0; g < groups; g++) {
-        uint32_t word = 0;
-        for (int32_t c = 0; c < f->codes_per_group; c++) {
-            int64_t i = g * f->codes_per_group + c;
-            if (i < n) word |= (uint32_t)codes[i] << (f->bits * c);
+    if (f->codes_per_group == 1) {
+        for (int64_t i = 0; i < n; i++) out[i * inner] = codes[i];
+    } else if (f->codes_per_group == 2) {  /* 4-bit: element 2i in the low nibble */
+        for (int64_t g = 0; g < n / 2; g++)
+            out[g * inner] = (uint8_t)(codes[2 * g] | codes[2 * g + 1] << 4);
+        if (n % 2) out[(n / 2) * inner] = codes[n - 1];
+    } else {  /* 6-bit: 4 codes in 3 bytes, little-endian bitstream */
+        for (int64_t g = 0; g * 4 < n; g++) {
+            uint32_t word = 0;
+            for (int32_t c = 0; c < 4 && 4 * g + c < n; c++) word |= (uint32_t)codes[4 * g + c] << (6 * c);
+            out[(3 * g) * inner] = (uint8_t)word;
+            out[(3 * g + 1) * inner] = (uint8_t)(word >> 8);
+            out[(3 * g + 2) * inner] = (uint8_t)(word >> 16);
         }
-        for (int32_t b = 0; b < f->bytes_per_group; b++)
-            out[(g * f->bytes_per_group + b) * inner] = (uint8_t)(word >> (8 * b));
     }
 }
 
