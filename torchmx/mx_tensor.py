@@ -1,0 +1,405 @@
+"""MXTensor: a tensor subclass holding MX data (uint8 E8M0 scales and packed element codes).
+
+Its outer dtype and shape are the logical, high-precision ones; the storage is two plain
+tensors with the logical tensor's dims (a 0-d tensor is stored as one element):
+
+- `_scale_e8m0`: uint8, the block axis reduced to ceil(n / block_size);
+- `_data`: the packed codes (fp4: 2 per byte, element 2i in the low nibble; fp6: 4 in 3 bytes;
+  other formats one byte, int8 as torch.int8), the block axis holding packed_length(n) bytes.
+
+Ops on MXTensors go through the table in `aten_ops.py`; the differentiable casts are in
+`autograd.py`. docs/mx_tensor.md describes the design.
+"""
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from . import dtypes
+from .numerics import arguments as args
+from .numerics.packing import packed_length
+
+__all__ = [
+    "MXTensor",
+    "ToMXConstrFunc",
+    "FromMXConstrFunc",
+    "NoopFwToMXBw",
+    "MXLayoutWarning",
+    "set_strict_matmul",
+    "strict_matmul",
+    "allow_dequantize_fallback",
+]
+
+STE_MODES = ("identity", "clipped")
+MIXED_SCALE_MODES = "mixed"  # scale_mode of a cat of MXTensors whose scale modes differ
+_REPR_VALUES = 8  # a multiple of every packing group, so the shown bytes hold whole groups
+
+# aten op (OpOverload or OpOverloadPacket) -> handler(func, args, kwargs); filled by aten_ops.py
+OP_TABLE: dict = {}
+
+
+def implements(*ops):
+    """Register the decorated function as MXTensor's implementation of the given aten ops."""
+
+    def register(handler):
+        for op in ops:
+            OP_TABLE[op] = handler
+        return handler
+
+    return register
+
+
+def _stored_shape(shape: Sequence[int]) -> list:
+    """Shape of the stored tensors: the logical shape, with a 0-d tensor stored as (1,)."""
+    return list(shape) if len(shape) else [1]
+
+
+def _storage_order(data: torch.Tensor) -> list:
+    """data's dims from outermost to innermost in memory (ties keep the logical order)."""
+    if data.is_contiguous():
+        return list(range(data.dim()))
+    return sorted(range(data.dim()), key=lambda d: -data.stride(d))
+
+
+def _outer_strides(data: torch.Tensor, shape: Sequence[int]) -> list:
+    """Strides of a dense logical tensor whose dims are ordered in memory like `data`'s dims
+    (so a transposed MXTensor reports transposed strides, like a plain tensor would).
+
+    Dims the data broadcasts (stride 0, size > 1) get stride 0, as after expand().
+    """
+    if len(shape) == 0:
+        return []
+    strides, running = [0] * len(shape), 1
+    for d in reversed(_storage_order(data)):
+        if data.stride(d) == 0 and data.size(d) != 1:
+            continue
+        strides[d] = running
+        running = running * shape[d]
+    return strides
+
+
+def _wrap(scale, data, elem_dtype, block_size, orig_dtype, block_dim, scale_mode, shape,
+          strides=None) -> "MXTensor":
+    """Build an MXTensor from parts already known to be consistent (no validation)."""
+    shape = list(shape)
+    self = torch.Tensor._make_wrapper_subclass(
+        MXTensor,
+        shape,
+        strides=_outer_strides(data, shape) if strides is None else strides,
+        dtype=orig_dtype,
+        device=data.device,
+        requires_grad=False,
+    )
+    self._scale_e8m0 = scale
+    self._data = data
+    self._elem_dtype = elem_dtype
+    self._block_size = block_size
+    self._orig_dtype = orig_dtype
+    self._block_dim = block_dim
+    self._scale_mode = scale_mode
+    return self
+
+
+def _check_parts(scale, data, elem_dtype, block_size, orig_dtype, padding, block_dim, scale_mode,
+                 shape):
+    """Validate the constructor's arguments; returns (format, block axis, logical shape)."""
+    elem_dtype = args.check_elem_dtype(elem_dtype)
+    args.check_tensor(scale, "scale_e8m0_bits")
+    args.check_tensor(data, "data_bits")
+    args.check_block_size(block_size)
+    args.check_target_dtype(orig_dtype, "orig_dtype")
+    if scale_mode != MIXED_SCALE_MODES:
+        args.check_scale_mode(scale_mode)
+    if scale.dtype != torch.uint8:
+        raise TypeError(f"scale_e8m0_bits must have dtype torch.uint8, got {scale.dtype}")
+    allowed = (torch.int8, torch.uint8) if elem_dtype.kind == "int" else (torch.uint8,)
+    if data.dtype not in allowed:
+        raise TypeError(f"data_bits of {elem_dtype.name} must have dtype "
+                        f"{' or '.join(map(str, allowed))}, got {data.dtype}")
+    if data.device != scale.device:
+        raise ValueError(f"data_bits and scale_e8m0_bits must be on one device, got "
+                         f"{data.device} and {scale.device}")
+    if data.dim() == 0 or data.dim() != scale.dim():
+        raise ValueError("data_bits and scale_e8m0_bits must have the same number (>= 1) of dims, "
+                         f"got shapes {tuple(data.shape)} and {tuple(scale.shape)}")
+    axis = args.normalize_block_dim(-1 if block_dim is None else block_dim, data.dim())
+    if shape is None:
+        blocks = scale.shape[axis]
+        if not args.is_int(padding) or not 0 <= padding < (block_size if blocks else 1):
+            raise ValueError(f"padding must be an int in [0, block_size - 1] = "
+                             f"[0, {block_size - 1}] (0 without blocks), got {padding!r}")
+        shape = list(data.shape)
+        shape[axis] = blocks * block_size - padding
+    else:
+        shape = list(shape)
+        if len(_stored_shape(shape)) != data.dim():
+            raise ValueError(f"shape {tuple(shape)} must have data_bits' number of dims "
+                             f"({data.dim()}), or be () with 1-d data_bits")
+    n = _stored_shape(shape)[axis]
+    expected_data, expected_scale = _stored_shape(shape), _stored_shape(shape)
+    expected_data[axis] = packed_length(n, elem_dtype)
+    expected_scale[axis] = -(-n // block_size)
+    if list(data.shape) != expected_data or list(scale.shape) != expected_scale:
+        raise ValueError(
+            f"shapes do not match: data_bits {tuple(data.shape)} and scale_e8m0_bits "
+            f"{tuple(scale.shape)} cannot hold a {elem_dtype.name} tensor of shape {tuple(shape)} "
+            f"in blocks of {block_size} along block_dim {axis} (expected data "
+            f"{tuple(expected_data)}, scale {tuple(expected_scale)})")
+    return elem_dtype, axis, shape
+
+
+class MXTensor(torch.Tensor):
+    """A tensor in an OCP MX format; its dtype and shape are the logical high-precision ones.
+
+    Build one with `MXTensor.to_mx(data_hp, elem_dtype, block_size)`. The constructor keeps
+    torchmx 0.1.0's arguments: `padding` is blocks * block_size - n, the zeros that complete the
+    last block along `block_dim` (default: the last dim). `shape` (keyword) gives the logical
+    shape instead of `padding`, and is how a 0-d MXTensor is built.
+    """
+
+    _scale_e8m0: torch.Tensor
+    _data: torch.Tensor
+    _elem_dtype: dtypes.DType
+    _block_size: int
+    _orig_dtype: torch.dtype
+    _block_dim: int
+    _scale_mode: str
+
+    @staticmethod
+    def __new__(
+        cls,
+        scale_e8m0_bits: torch.Tensor,
+        data_bits: torch.Tensor,
+        elem_dtype: Union[dtypes.DType, str],
+        block_size: int,
+        orig_dtype: torch.dtype,
+        padding: int = 0,
+        block_dim: Optional[int] = None,
+        *,
+        scale_mode: str = "floor",
+        shape: Optional[Sequence[int]] = None,
+    ):
+        elem_dtype, axis, shape = _check_parts(scale_e8m0_bits, data_bits, elem_dtype, block_size,
+                                               orig_dtype, padding, block_dim, scale_mode, shape)
+        return _wrap(scale_e8m0_bits, data_bits, elem_dtype, block_size, orig_dtype, axis,
+                     scale_mode, shape)
+
+    # Results of ops are plain tensors unless an op of the table builds an MXTensor.
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        handler = OP_TABLE.get(func) or OP_TABLE.get(func.overloadpacket)
+        if handler is None:
+            handler = _aten_ops.dequantize_fallback
+        return handler(func, args, kwargs or {})
+
+    # ---------------------------------------------------------------- metadata
+
+    @property
+    def elem_dtype(self) -> dtypes.DType:
+        return self._elem_dtype
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def block_dim(self) -> int:
+        """The block axis (non-negative; 0 for a 0-d tensor)."""
+        return self._block_dim
+
+    @property
+    def scale_mode(self) -> str:
+        """How the scales were chosen (informational: it does not affect dequantization)."""
+        return self._scale_mode
+
+    @property
+    def _block_dim_size(self):
+        """Number of logical elements along the block axis."""
+        return 1 if self.dim() == 0 else self.shape[self._block_dim]
+
+    @property
+    def _padding(self):
+        """torchmx 0.1.0's name: zeros that complete the last block, blocks * block_size - n."""
+        return self._scale_e8m0.shape[self._block_dim] * self._block_size - self._block_dim_size
+
+    def _replace(self, scale, data, *, block_dim=None, shape=None, orig_dtype=None,
+                 scale_mode=None) -> "MXTensor":
+        """A new MXTensor with this one's format and the given parts."""
+        return _wrap(
+            scale, data, self._elem_dtype, self._block_size,
+            self._orig_dtype if orig_dtype is None else orig_dtype,
+            self._block_dim if block_dim is None else block_dim,
+            self._scale_mode if scale_mode is None else scale_mode,
+            self.shape if shape is None else shape,
+        )
+
+    # ---------------------------------------------------------------- torch.compile / pickling
+
+    def __tensor_flatten__(self):
+        meta = (self._elem_dtype.name, self._block_size, self._orig_dtype, self._block_dim,
+                self._scale_mode)
+        return ["_scale_e8m0", "_data"], meta
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
+        name, block_size, orig_dtype, block_dim, scale_mode = meta
+        return _wrap(inner_tensors["_scale_e8m0"], inner_tensors["_data"], dtypes.from_name(name),
+                     block_size, orig_dtype, block_dim, scale_mode, outer_size, outer_stride)
+
+    def __reduce_ex__(self, protocol):
+        return _rebuild_mx_tensor, (
+            self._scale_e8m0, self._data, self._elem_dtype.name, self._block_size,
+            self._orig_dtype, self._block_dim, self._scale_mode, tuple(self.shape),
+            self.requires_grad,
+        )
+
+    # ---------------------------------------------------------------- conversions
+
+    @staticmethod
+    def to_mx(
+        data_hp: torch.Tensor,
+        elem_dtype: Union[dtypes.DType, str],
+        block_size: int = 32,
+        *,
+        scale_mode: str = "floor",
+        rounding: str = "even",
+        block_dim: int = -1,
+        seed: Union[int, torch.Generator, None] = None,
+        ste: str = "identity",
+    ) -> "MXTensor":
+        """Quantize a fp32/bf16/fp16 tensor to MX, differentiably.
+
+        The backward is the straight-through estimator: `ste="identity"` passes the gradient
+        unchanged, `ste="clipped"` zeroes it where the input saturated (|x| above the block's
+        largest representable magnitude). Other arguments as in torch.ops.torchmx.quantize_mx.
+        """
+        elem_dtype = args.check_elem_dtype(elem_dtype)
+        if isinstance(data_hp, MXTensor):
+            raise TypeError("data_hp is already an MXTensor; call .dequantize() first to "
+                            "requantize")
+        args.check_high_precision_input(data_hp)
+        if ste not in STE_MODES:
+            raise ValueError(f"ste must be one of {', '.join(STE_MODES)}; got {ste!r}")
+        if isinstance(seed, torch.Generator):
+            seed = args.resolve_seed(seed, rounding)
+        return _to_mx(data_hp, elem_dtype.name, block_size, scale_mode, rounding, block_dim, seed,
+                      ste)
+
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The exact MX values, rounded once to `dtype` (default: the logical dtype).
+
+        Differentiable (identity backward)."""
+        return _from_mx(self, self._orig_dtype if dtype is None else dtype)
+
+    def to_dtype(self, target_dtype: torch.dtype) -> torch.Tensor:
+        """torchmx 0.1.0's name of dequantize(target_dtype)."""
+        return _from_mx(self, target_dtype)
+
+    # ---------------------------------------------------------------- printing
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        parts = [
+            self._elem_dtype.name,
+            f"block_size={self._block_size}",
+            f"block_dim={self._block_dim}",
+            f"scale_mode={self._scale_mode!r}",
+            f"shape={tuple(self.shape)}",
+            f"dtype={self.dtype}",
+        ]
+        if self.device.type != "cpu":
+            parts.append(f"device={self.device}")
+        parts.append(f"values={self._repr_values()}")
+        if self.grad_fn is not None:
+            parts.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+        elif self.requires_grad:
+            parts.append("requires_grad=True")
+        return f"MXTensor({', '.join(parts)})"
+
+    def _repr_values(self) -> str:
+        """The first few values along the block axis of the first row, dequantized."""
+        if torch._subclasses.fake_tensor.is_fake(self._data) or self._data.device.type == "meta":
+            return "<not materialized>"
+        if self.numel() == 0:
+            return "[]"
+        n = min(self._block_dim_size, _REPR_VALUES)
+        row = [0] * self._data.dim()
+        row[self._block_dim] = slice(0, packed_length(n, self._elem_dtype))
+        data = self._data[tuple(row)]
+        row[self._block_dim] = slice(0, -(-n // self._block_size))
+        scale = self._scale_e8m0[tuple(row)]
+        with torch.no_grad():
+            values = torch.ops.torchmx.dequantize_mx(
+                data, scale, self._elem_dtype.name, self._block_size, torch.float32, 0,
+                block_dim_size=n)
+        shown = ", ".join(f"{v:.4g}" for v in values.tolist())
+        more = ", ..." if self.numel() > n else ""
+        return f"[{shown}{more}]"
+
+
+def _rebuild_mx_tensor(scale, data, elem_dtype_name, block_size, orig_dtype, block_dim,
+                       scale_mode, shape, requires_grad):
+    """Unpickle an MXTensor (validating its parts: a checkpoint is untrusted input)."""
+    tensor = MXTensor(scale, data, elem_dtype_name, block_size, orig_dtype, block_dim=block_dim,
+                      scale_mode=scale_mode, shape=shape)
+    return tensor.requires_grad_(requires_grad)
+
+
+# torch.load(weights_only=True) may rebuild MXTensors: the one global they pickle to.
+torch.serialization.add_safe_globals([_rebuild_mx_tensor])
+
+
+# ---------------------------------------------------------------- quantize, dequantize (no grad)
+
+def quantize(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim,
+             seed) -> MXTensor:
+    """MXTensor holding torch.ops.torchmx.quantize_mx(data_hp, ...) (no autograd)."""
+    scale, data = torch.ops.torchmx.quantize_mx(
+        data_hp, elem_dtype_name, block_size, scale_mode=scale_mode, rounding=rounding,
+        block_dim=block_dim, seed=seed)
+    axis = args.normalize_block_dim(block_dim, data_hp.dim())
+    return _wrap(scale, data, dtypes.from_name(elem_dtype_name), block_size, data_hp.dtype, axis,
+                 scale_mode, data_hp.shape)
+
+
+def dequantize(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
+    """The exact values of `tensor` rounded once to `dtype` (no autograd).
+
+    The result's memory order follows the storage's (a transposed MXTensor dequantizes to a
+    transposed tensor, as its strides say), so no packed data is reordered.
+    """
+    order = _storage_order(tensor._data)
+    data, scale, axis = tensor._data, tensor._scale_e8m0, tensor._block_dim
+    if order != sorted(order):
+        data, scale, axis = data.permute(order), scale.permute(order), order.index(axis)
+    out = torch.ops.torchmx.dequantize_mx(data, scale, tensor._elem_dtype.name,
+                                          tensor._block_size, dtype, axis,
+                                          block_dim_size=tensor._block_dim_size)
+    if order != sorted(order):
+        out = out.permute([order.index(d) for d in range(len(order))])
+    return out.reshape(()) if tensor.dim() == 0 else out
+
+
+# The autograd functions and the op table import this module: import them last.
+from .autograd import FromMXConstrFunc, NoopFwToMXBw, ToMXConstrFunc  # noqa: E402
+
+
+@torch._dynamo.allow_in_graph
+def _to_mx(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim, seed, ste):
+    return ToMXConstrFunc.apply(data_hp, elem_dtype_name, block_size, scale_mode, rounding,
+                                block_dim, seed, ste)
+
+
+@torch._dynamo.allow_in_graph
+def _from_mx(tensor, dtype):
+    return FromMXConstrFunc.apply(tensor, dtype)
+
+
+from . import aten_ops as _aten_ops  # noqa: E402
+from .aten_ops import (  # noqa: E402
+    MXLayoutWarning,
+    allow_dequantize_fallback,
+    set_strict_matmul,
+    strict_matmul,
+)
