@@ -234,6 +234,8 @@ def _round_index(a: np.ndarray, lo_v, hi_v, lo_i, rounding: str):
         up = up_strict
     elif rounding == "trunc":
         up = np.zeros_like(up_strict)
+    elif rounding == "_up":  # magnitude rounded up (test helper: the other SR neighbour)
+        up = a > lo_v
     else:
         raise ValueError(rounding)
     return lo_i + up.astype(np.int64)
@@ -357,11 +359,8 @@ def oracle_quantize(x, fmt, block_size: int, scale_mode: str = "floor",
     """Returns (scale uint8 ndarray, data ndarray uint8 / int8 for MXINT8)."""
     fmt = _as_fmt(fmt)
     xf = _to_f64(x)
-    if xf.ndim == 0:
+    if xf.ndim == 0:  # a 0-d input is treated as a 1-element vector
         xf = xf.reshape(1)
-        zero_d = True
-    else:
-        zero_d = False
     nd = xf.ndim
     bd = block_dim % nd
     xm = np.moveaxis(xf, bd, -1)
@@ -377,9 +376,6 @@ def oracle_quantize(x, fmt, block_size: int, scale_mode: str = "floor",
     data = np.ascontiguousarray(np.moveaxis(data, -1, bd))
     if fmt.kind == "int":
         data = data.view(np.int8)
-    if zero_d:
-        scale = scale.reshape(())
-        data = data.reshape(()) if data.size == 1 else data
     return scale, data
 
 
@@ -437,7 +433,8 @@ def bits_to_tensor(bits: np.ndarray, target_dtype) -> torch.Tensor:
 def tensor_bits(t: torch.Tensor) -> np.ndarray:
     """Unsigned bit patterns of an fp32/bf16/fp16 tensor as int64 numpy."""
     _, _, view_dt, np_u = _TARGETS[t.dtype]
-    return t.contiguous().view(view_dt).numpy().astype(np.int64) & ((1 << (8 * t.element_size())) - 1)
+    raw = t.contiguous().view(view_dt).numpy().astype(np.int64)
+    return raw & ((1 << (8 * t.element_size())) - 1)
 
 
 def oracle_dequantize_values(data, scale, fmt, block_size: int, block_dim: int = -1,

@@ -324,11 +324,23 @@ def _threshold_values_fp32():
             for b in (tie - 1, tie, tie + 1, base | 0x7FFFFF, base):
                 vals.append(float(np.array(b, dtype=np.uint32).view(np.float32)))
         for fmt in oracle.FORMATS.values():
-            m = np.float32(fmt.max * 2.0**exp)
+            with np.errstate(over="ignore"):
+                m = np.float32(fmt.max * 2.0**exp)
             if np.isfinite(m):
                 vals += [float(np.nextafter(m, np.float32(0))), float(m),
                          float(np.nextafter(m, np.float32(np.inf)))]
+    # max_normal * 2^k next to the fp32-subnormal range of the rceil quotient
+    for fmt in list(oracle.FORMATS.values()) + [oracle.exmy(1, 2), oracle.exmy(3, 3)]:
+        for exp in range(-150, -105):
+            m = np.float32(fmt.max * 2.0**exp)
+            up, down = m, m
+            vals.append(float(m))
+            for _ in range(3):  # 1, 2, 3 ulps either side
+                up = np.nextafter(up, np.float32(np.inf))
+                down = np.nextafter(down, np.float32(0))
+                vals += [float(up), float(down)]
     vals = np.array(vals, dtype=np.float32)
+    vals = np.unique(vals[vals > 0])
     return torch.from_numpy(vals[np.isfinite(vals)])
 
 
@@ -341,11 +353,12 @@ def _inputs(dtype_name):
         r = torch.from_numpy(r.view(np.float32).copy())
         v = r[torch.isfinite(r)]
         thr = _threshold_values_fp32()
-        thr = torch.cat([thr, -thr])
-        # threshold leaders with random followers underneath them
-        fol = _shuffle(v, 9)[: thr.numel() * (BLOCK - 1)].reshape(thr.numel(), BLOCK - 1)
-        fol = fol / fol.abs().max(dim=1, keepdim=True).values.clamp_min(1e-30)
-        fol = fol * (thr.abs()[:, None] * 0.999)
+        thr = thr * torch.from_numpy(rng.choice([-1.0, 1.0], thr.numel())).float()
+        # threshold leaders with random followers underneath them (down to 2^-40 relative)
+        n_f = thr.numel() * (BLOCK - 1)
+        rel = rng.uniform(-1, 1, n_f) * np.exp2(-rng.integers(0, 41, n_f).astype(np.float64))
+        fol = torch.from_numpy(rel).reshape(thr.numel(), BLOCK - 1)
+        fol = (fol * (thr.double().abs()[:, None] * 0.999)).float()
         thr_blocks = torch.cat([thr[:, None], fol], dim=1).reshape(-1)
         parts = [_shuffle(v, 1), _sorted_by_magnitude(v), _leader_blocks(v, 2), thr_blocks]
     else:
