@@ -32,17 +32,31 @@ def assert_exact(op, *operands):
     assert torch.equal(bit_view(out), bit_view(expected.to(dtype)))
 
 
-def mx(shape, fmt, dtype, block_dim=-1, seed=0, block_size=32):
+def mx(shape, fmt, dtype, block_dim=-1, seed=0, block_size=32, device="cpu"):
     x = wide_range_input(shape, dtype, seed=seed) if min(shape) > 0 else torch.zeros(shape, dtype=dtype)
     x = torch.nan_to_num(x, nan=1.0, posinf=2.0, neginf=-2.0)  # NaN blocks tested separately
-    return MXTensor.to_mx(x, fmt, block_size, block_dim=block_dim)
+    return MXTensor.to_mx(x.to(device), fmt, block_size, block_dim=block_dim)
 
 
 @pytest.mark.parametrize("dtype", HP_DTYPES, ids=str)
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 def test_matmuls_are_exact(fmt, dtype):
-    a, b = mx((7, 45), fmt, dtype, seed=1), mx((45, 11), fmt, dtype, block_dim=0, seed=2)
-    bias = torch.randn(11, dtype=dtype)
+    check_matmuls(fmt, dtype, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_matmuls_are_exact_on_cuda(fmt):
+    for dtype in HP_DTYPES:
+        check_matmuls(fmt, dtype, "cuda")
+
+
+def check_matmuls(fmt, dtype, device):
+    def q(*args, **kwargs):
+        return mx(*args, device=device, **kwargs)
+
+    a, b = q((7, 45), fmt, dtype, seed=1), q((45, 11), fmt, dtype, block_dim=0, seed=2)
+    bias = torch.randn(11, dtype=dtype, device=device)
     with warnings.catch_warnings():
         warnings.simplefilter("error", MXLayoutWarning)  # every layout here is hardware-friendly
         assert_exact(torch.mm, a, b)
@@ -51,17 +65,18 @@ def test_matmuls_are_exact(fmt, dtype):
         assert_exact(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=2), bias, a, b)
         assert_exact(F.linear, a, b.t())
         assert_exact(F.linear, a, b.t(), bias)
-        assert_exact(F.linear, mx((2, 7, 45), fmt, dtype, seed=11), b.t(), bias)
+        assert_exact(F.linear, q((2, 7, 45), fmt, dtype, seed=11), b.t(), bias)
         assert_exact(F.linear, a.view(1, 7, 45).expand(2, 7, 45), b.t())
         assert_exact(torch.mv, a, b[:, 0])
         assert_exact(torch.dot, a[0], b[:, 0])
         assert_exact(torch.addmv, bias[:7], a, b[:, 0])
         assert_exact(torch.matmul, a[1], b)
         assert_exact(torch.matmul, a, b[:, 3])
-        a3, b3 = mx((3, 5, 40), fmt, dtype, seed=3), mx((3, 40, 6), fmt, dtype, block_dim=1, seed=4)
+        a3, b3 = q((3, 5, 40), fmt, dtype, seed=3), q((3, 40, 6), fmt, dtype, block_dim=1, seed=4)
         assert_exact(torch.bmm, a3, b3)
         assert_exact(torch.matmul, a3, b3)
-        assert_exact(lambda c, x, y: torch.baddbmm(c, x, y, alpha=-1), torch.randn(3, 5, 6, dtype=dtype), a3, b3)
+        assert_exact(lambda c, x, y: torch.baddbmm(c, x, y, alpha=-1),
+                     torch.randn(3, 5, 6, dtype=dtype, device=device), a3, b3)
         assert_exact(torch.matmul, a3, b3[0])
 
 
