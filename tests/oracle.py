@@ -418,8 +418,9 @@ def round_to_target_bits(v: np.ndarray, target_dtype) -> np.ndarray:
     bits = np.where(ef >= (1 << eb) - 1, inf_bits, bits)
     out[fin] = bits
     out[np.isinf(a)] = ((1 << eb) - 1) << mb
-    out[np.isnan(a)] = (((1 << eb) - 1) << mb) | (1 << (mb - 1))
     out = out | (neg << (eb + mb))
+    # DESIGN decision (docs/numerics.md): every NaN output is the positive quiet NaN.
+    out[np.isnan(a)] = (((1 << eb) - 1) << mb) | (1 << (mb - 1))
     return out
 
 

@@ -27,6 +27,7 @@ import torch
 from . import dtypes
 from .numerics import decode
 from .numerics.packing import packed_length
+from .numerics.reference import round_to_target
 from .numerics.rounding import ROUNDING_MODES, seed_key
 from .numerics.scale import SCALE_MODES, scale_value
 
@@ -128,7 +129,7 @@ def _dequantize_table(elem_dtype: dtypes.DType, target_dtype: torch.dtype) -> to
         codes = codes.to(torch.uint8).view(torch.int8)
     values = decode(codes, elem_dtype)
     scales = scale_value(torch.arange(256, dtype=torch.int32).to(torch.uint8))
-    return (scales[:, None] * values[None, :]).to(target_dtype).contiguous()
+    return round_to_target(scales[:, None] * values[None, :], target_dtype).contiguous()
 
 
 @functools.lru_cache(maxsize=1)

@@ -129,6 +129,19 @@ def check_dequantize_arguments(data_lp, scale_u8, elem_dtype, block_size, target
     return elem_dtype, axis, block_dim_size
 
 
+# The one NaN every backend writes (positive, quiet): torch's own float-to-bf16/fp16 NaN
+# conversion differs between CPU and CUDA, so NaN bits are set explicitly.
+CANONICAL_NAN_BITS = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+
+
+def round_to_target(values: torch.Tensor, target_dtype: torch.dtype) -> torch.Tensor:
+    """One rounding of exact fp32 values to target_dtype; every NaN becomes the canonical NaN."""
+    out = values.to(target_dtype)
+    bits_dtype = torch.int32 if target_dtype == torch.float32 else torch.int16
+    canonical = torch.tensor(CANONICAL_NAN_BITS[target_dtype], dtype=bits_dtype).view(target_dtype)
+    return torch.where(torch.isnan(out), canonical.to(out.device), out)
+
+
 def dequantize_blocks(data: torch.Tensor, scale: torch.Tensor, elem_dtype: dtypes.DType,
                       block_size: int, n: int, target_dtype: torch.dtype) -> torch.Tensor:
     """Dequantize along the last axis: packed data [..., L], scale [..., ceil(n / B)] -> [..., n]."""
@@ -136,7 +149,7 @@ def dequantize_blocks(data: torch.Tensor, scale: torch.Tensor, elem_dtype: dtype
         data = data.view(torch.int8)
     values = decode(unpack_codes(data, elem_dtype, n), elem_dtype)
     scales = scale_value(scale).repeat_interleave(block_size, -1)[..., :n]
-    return (values * scales).to(target_dtype)  # exact fp32 product, then one rounding
+    return round_to_target(values * scales, target_dtype)  # exact fp32 product, one rounding
 
 
 def dequantize_mx_reference(
