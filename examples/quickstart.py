@@ -1,33 +1,37 @@
-"""Quickstart: quantize a tensor to every MX format, look at the bits, measure the error.
+"""Quickstart: quantize to MX, look at the bits, dequantize, multiply, compare formats.
 
-Run: python3 examples/quickstart.py
+Run: python3 examples/quickstart.py   (a few seconds on CPU)
 """
 
 import torch
 
-import torchmx  # noqa: F401  (registers torch.ops.torchmx.*)
-from torchmx import dtypes
-
-
-def sqnr_db(reference: torch.Tensor, approximation: torch.Tensor) -> float:
-    signal = reference.double().pow(2).sum()
-    noise = (reference.double() - approximation.double()).pow(2).sum()
-    return float(10 * torch.log10(signal / noise))
+from torchmx import MXTensor, dtypes
+from torchmx.analysis import compare_formats, format_error_table
 
 
 def main() -> None:
     torch.manual_seed(0)
-    x = torch.randn(256, 1024, dtype=torch.bfloat16)
-    print(f"input: {tuple(x.shape)} {x.dtype}, blocks of 32 along the last dim\n")
-    print(f"{'format':<12} {'bits/elem':>9} {'SQNR dB':>8}  first block's scale byte, first codes")
-    for elem_dtype in dtypes.SUPPORTED_ELEM_DTYPES + (dtypes.ExMy(1, 2),):
-        scale, data = torch.ops.torchmx.quantize_mx(x, elem_dtype.name, 32)
-        x_hat = torch.ops.torchmx.dequantize_mx(data, scale, elem_dtype.name, 32, torch.bfloat16,
-                                                block_dim_size=x.shape[-1])
-        bits = 8 * (data.numel() + scale.numel()) / x.numel()
-        codes = " ".join(f"{b:02x}" for b in data[0, :4].view(torch.uint8).tolist())
-        print(f"{elem_dtype.name:<12} {bits:9.2f} {sqnr_db(x, x_hat):8.2f}  "
-              f"scale={int(scale[0, 0])} (2^{int(scale[0, 0]) - 127}) bytes={codes}")
+    x = torch.randn(16, 256, dtype=torch.bfloat16)
+    w = torch.randn(64, 256, dtype=torch.bfloat16)
+
+    # One E8M0 scale per block of 32 along the last dim, 4-bit codes packed two per byte.
+    w_mx = MXTensor.to_mx(w, dtypes.float4_e2m1, block_size=32, scale_mode="rceil")
+    print(w_mx)
+    print("first block: scale byte", int(w_mx._scale_e8m0[0, 0]), "codes",
+          " ".join(f"{b:02x}" for b in w_mx._data[0, :4].tolist()))
+
+    # Dequantize exactly (one rounding to the requested dtype).
+    w_hat = w_mx.dequantize(torch.float32)
+    print(f"MXFP4 relative error: {float((w_hat - w.float()).norm() / w.float().norm()):.3f}")
+
+    # Matmul with MX operands: the exact product of the dequantized operands, fp32 accumulation.
+    x_mx = MXTensor.to_mx(x, "float8_e4m3", 32)
+    y = torch.nn.functional.linear(x_mx, w_mx)
+    print("y:", tuple(y.shape), y.dtype)
+
+    # What each format costs this tensor.
+    print()
+    print(format_error_table(compare_formats(w, dtypes.SUPPORTED_ELEM_DTYPES + (dtypes.ExMy(1, 2),))))
 
 
 if __name__ == "__main__":
