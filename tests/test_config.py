@@ -3,7 +3,7 @@
 import pytest
 
 from torchmx import dtypes
-from torchmx.config import MXConfig, QAttentionConfig, QLinearConfig
+from torchmx.config import MXConfig, QAttentionConfig, QLinearConfig, QLinearGradConfig
 
 
 def test_mxconfig_defaults_and_dtype():
@@ -17,8 +17,17 @@ def test_round_trip_nested():
     linear = QLinearConfig(MXConfig("float6_e3m2", 16, scale_mode="rceil"),
                            MXConfig("float8_e4m3"), grad_config=MXConfig("float8_e5m2", rounding="stochastic"))
     attention = QAttentionConfig(linear, *[MXConfig("int8", 64)] * 4)
-    for cfg in (linear, attention, QAttentionConfig(linear), QLinearConfig(MXConfig("int8"))):
+    per_role = QLinearConfig(MXConfig("float4_e2m1"), grad_config=QLinearGradConfig(
+        dgrad_grad_output_config=MXConfig("float8_e5m2"), wgrad_input_config=MXConfig("int8", 16)))
+    for cfg in (linear, attention, per_role, QAttentionConfig(linear), QLinearConfig(MXConfig("int8"))):
         assert type(cfg).load_from_dict(cfg.to_dict()) == cfg
+
+
+def test_grad_config_shorthand_is_uniform():
+    e5m2 = MXConfig("float8_e5m2", rounding="stochastic")
+    cfg = QLinearConfig(MXConfig("float4_e2m1"), grad_config=e5m2)
+    assert cfg.grad_config == QLinearGradConfig.uniform(e5m2) == QLinearGradConfig(e5m2, e5m2, e5m2, e5m2)
+    assert cfg.to_dict()["grad_config"]["wgrad_input_config"] == e5m2.to_dict()
 
 
 def test_torchmx_010_dict_loads():
@@ -34,6 +43,11 @@ def test_torchmx_010_dict_loads():
     (lambda: MXConfig("int8", scale_mode="round"), ValueError, "scale_mode must be one of floor, ceil, even, rceil"),
     (lambda: MXConfig("int8", rounding="nearest"), ValueError, "rounding must be one of even, away"),
     (lambda: QLinearConfig("int8"), TypeError, "weights_config must be an MXConfig"),
+    (lambda: QLinearConfig(MXConfig("int8"), grad_config="float8_e5m2"), TypeError,
+     "grad_config must be a QLinearGradConfig, an MXConfig or None"),
+    (lambda: QLinearGradConfig(dgrad_weight_config="int8"), TypeError,
+     "dgrad_weight_config must be an MXConfig or None"),
+    (lambda: QLinearGradConfig.uniform(None), TypeError, "config must be an MXConfig"),
     (lambda: QAttentionConfig(QLinearConfig(MXConfig("int8")), query_config=MXConfig("int8")),
      ValueError, "all or none of query_config"),
     (lambda: MXConfig.load_from_dict({"elem_dtype_name": "int8", "blocksize": 4}), ValueError,

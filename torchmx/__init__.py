@@ -12,3 +12,11 @@ from .mx_tensor import MXTensor
 __version__ = "0.2.0"
 
 __all__ = ["MXTensor", "dtypes", "numerics", "ops", "__version__"]
+
+# Layers and the model API (torchmx.nn, torchmx.quant_api) and their configs.
+from .config import MXConfig, QAttentionConfig, QLinearConfig, QLinearGradConfig  # noqa: E402
+from .nn import MXInferenceLinear, MXLinear  # noqa: E402
+from .quant_api import prepare_qat_, quantize_linear_, quantize_llm_  # noqa: E402
+
+__all__ += ["MXConfig", "QLinearConfig", "QLinearGradConfig", "QAttentionConfig", "MXLinear",
+            "MXInferenceLinear", "quantize_linear_", "prepare_qat_", "quantize_llm_"]

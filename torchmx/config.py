@@ -1,8 +1,9 @@
 """Quantization configs: what to quantize, to which format, how. Frozen, validated, dict round trip.
 
 `MXConfig` describes one quantized tensor; `QLinearConfig` a linear layer (weights, activations
-and optionally the gradients of its backward GEMMs); `QAttentionConfig` an attention block
-(its projections and, all together or not at all, q, k, v and the attention weights).
+and optionally, per `QLinearGradConfig`, the operands of its two backward GEMMs);
+`QAttentionConfig` an attention block (its projections and, all together or not at all, q, k,
+v and the attention weights).
 The option names are the ones of the custom ops and `MXTensor.to_mx`.
 """
 
@@ -12,7 +13,7 @@ from typing import Any, Optional
 from . import dtypes
 from .numerics import arguments as args
 
-__all__ = ["MXConfig", "QLinearConfig", "QAttentionConfig"]
+__all__ = ["MXConfig", "QLinearGradConfig", "QLinearConfig", "QAttentionConfig"]
 
 
 class _DictRoundTrip:
@@ -69,22 +70,65 @@ def _check_optional_config(value, name: str) -> None:
         raise TypeError(f"{name} must be an MXConfig or None, got {type(value).__name__}")
 
 
+_GRAD_ROLES = ("dgrad_grad_output_config", "dgrad_weight_config", "wgrad_grad_output_config",
+               "wgrad_input_config")
+
+
+@dataclass(frozen=True)
+class QLinearGradConfig(_DictRoundTrip):
+    """The operands of a linear layer's two backward GEMMs, each quantized along that GEMM's
+    reduction dim (None: the operand stays as the straight-through estimator gives it).
+
+    dgrad, grad_input = grad_output @ weight, reduces over out_features:
+      `dgrad_grad_output_config` (grad_output, blocks along out_features) and
+      `dgrad_weight_config` (the high-precision weight, blocks along out_features).
+    wgrad, grad_weight = grad_output^T @ input, reduces over the tokens (all leading dims):
+      `wgrad_grad_output_config` and `wgrad_input_config` (the high-precision input), both
+      with blocks along the tokens.
+    `QLinearGradConfig.uniform(cfg)` uses one MXConfig for all four.
+    """
+
+    dgrad_grad_output_config: Optional[MXConfig] = None
+    dgrad_weight_config: Optional[MXConfig] = None
+    wgrad_grad_output_config: Optional[MXConfig] = None
+    wgrad_input_config: Optional[MXConfig] = None
+
+    _nested = {name: MXConfig for name in _GRAD_ROLES}
+
+    def __post_init__(self):
+        for name in _GRAD_ROLES:
+            _check_optional_config(getattr(self, name), name)
+
+    @classmethod
+    def uniform(cls, config: MXConfig) -> "QLinearGradConfig":
+        """The same MXConfig for every backward operand."""
+        if not isinstance(config, MXConfig):
+            raise TypeError(f"config must be an MXConfig, got {type(config).__name__}")
+        return cls(config, config, config, config)
+
+
 @dataclass(frozen=True)
 class QLinearConfig(_DictRoundTrip):
     """A linear layer: weights (blocks along K), activations (blocks along K; None keeps them
-    in high precision) and, optionally, the backward GEMMs' operands (None: high precision)."""
+    in high precision) and the backward GEMMs (`grad_config`; None: straight-through, high
+    precision). An MXConfig given as `grad_config` means `QLinearGradConfig.uniform(it)`."""
 
     weights_config: MXConfig
     activations_config: Optional[MXConfig] = None
-    grad_config: Optional[MXConfig] = None
+    grad_config: Optional[QLinearGradConfig] = None
 
-    _nested = {"weights_config": MXConfig, "activations_config": MXConfig, "grad_config": MXConfig}
+    _nested = {"weights_config": MXConfig, "activations_config": MXConfig,
+               "grad_config": QLinearGradConfig}
 
     def __post_init__(self):
         if not isinstance(self.weights_config, MXConfig):
             raise TypeError(f"weights_config must be an MXConfig, got {type(self.weights_config).__name__}")
         _check_optional_config(self.activations_config, "activations_config")
-        _check_optional_config(self.grad_config, "grad_config")
+        if isinstance(self.grad_config, MXConfig):
+            object.__setattr__(self, "grad_config", QLinearGradConfig.uniform(self.grad_config))
+        if self.grad_config is not None and not isinstance(self.grad_config, QLinearGradConfig):
+            raise TypeError("grad_config must be a QLinearGradConfig, an MXConfig or None, got "
+                            f"{type(self.grad_config).__name__}")
 
 
 _ATTENTION_TENSORS = ("query_config", "key_config", "value_config", "attention_weights_config")

@@ -1,0 +1,153 @@
+"""MXInferenceLinear: packed weight bits, forward = F.linear on MX operands, size, meta
+device, inference_mode, gradients to the input, compile, swapping back, config checks."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchmx import MXTensor
+from torchmx.config import MXConfig, QLinearConfig
+from torchmx.nn import MXInferenceLinear, MXLinear
+
+FP4, FP8, FP6 = MXConfig("float4_e2m1"), MXConfig("float8_e4m3"), MXConfig("float6_e3m2")
+W4A8 = QLinearConfig(FP4, FP8)
+
+
+def float_linear(k=96, n=40, bias=True, dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(k, n, bias=bias, dtype=dtype)
+
+
+def assert_bits(a, b):
+    assert type(a) is torch.Tensor and a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(a, b), f"max diff {(a.float() - b.float()).abs().max()}"
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3", "float8_e5m2", "float6_e2m3", "float6_e3m2",
+                                 "float4_e2m1", "int8"])
+def test_packed_weight_is_the_quantize_op_output(fmt):
+    linear = float_linear(k=80)  # 80: a partial last block of 32
+    cfg = MXConfig(fmt, scale_mode="rceil")
+    layer = MXInferenceLinear.from_float(linear, QLinearConfig(cfg))
+    scale, data = torch.ops.torchmx.quantize_mx(linear.weight.detach(), fmt, 32, scale_mode="rceil")
+    assert layer.weight_scale.dtype == layer.weight_data.dtype == torch.uint8
+    assert_bits(layer.weight_scale, scale)
+    assert_bits(layer.weight_data, data.view(torch.uint8))
+    weight = layer.weight
+    assert isinstance(weight, MXTensor) and weight.shape == (40, 80) and weight.dtype == torch.bfloat16
+    expected = MXTensor.to_mx(linear.weight.detach(), fmt, 32, scale_mode="rceil").dequantize()
+    assert_bits(weight.dequantize(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_forward_is_mx_linear_with_bias(dtype):
+    linear = float_linear(dtype=dtype)
+    layer = MXInferenceLinear.from_float(linear, W4A8)
+    x = torch.randn(2, 7, 96, dtype=dtype)  # 3-D
+    x_mx = MXTensor.to_mx(x, "float8_e4m3", 32)
+    w_mx = MXTensor.to_mx(linear.weight.detach(), "float4_e2m1", 32)
+    with torch.no_grad():
+        assert_bits(layer(x), F.linear(x_mx, w_mx, linear.bias))
+        # the same exact product, written out: fp32 operands, fp32 accumulation, one rounding
+        exact = F.linear(x_mx.dequantize(torch.float32), w_mx.dequantize(torch.float32),
+                         linear.bias.float()).to(dtype)
+        assert_bits(layer(x), exact)
+
+
+def test_weight_only_and_input_dtype_follows():
+    linear = float_linear(dtype=torch.bfloat16)
+    layer = MXInferenceLinear.from_float(linear, QLinearConfig(FP6)).float()  # bias -> fp32
+    x = torch.randn(5, 96)
+    w = MXTensor.to_mx(linear.weight.detach(), "float6_e3m2", 32).dequantize(torch.float32)
+    with torch.no_grad():
+        assert_bits(layer(x), F.linear(x, w, layer.bias))
+
+
+def test_fp4_parameter_bytes_at_most_0_28_of_bf16():
+    linear = float_linear(k=1024, n=512)
+    layer = MXInferenceLinear.from_float(linear, W4A8)
+
+    def nbytes(m):
+        return sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
+
+    ratio = nbytes(layer) / nbytes(linear)
+    assert ratio <= 0.28, ratio
+    assert nbytes(layer) == 512 * 1024 // 2 + 512 * 1024 // 32 + 512 * 2
+
+
+def test_from_meta_device_then_load():
+    real = MXInferenceLinear.from_float(float_linear(), W4A8)
+    with torch.device("meta"):
+        meta_linear = nn.Linear(96, 40, dtype=torch.bfloat16)
+    layer = MXInferenceLinear.from_float(meta_linear, W4A8)
+    assert layer.weight_data.is_meta and layer.weight_data.shape == real.weight_data.shape
+    assert layer.weight_scale.shape == real.weight_scale.shape
+    layer.load_state_dict(real.state_dict(), assign=True)
+    x = torch.randn(3, 96, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert_bits(layer(x), real(x))
+
+
+def test_inference_mode_and_gradients_to_the_input():
+    layer = MXInferenceLinear.from_float(float_linear(dtype=torch.float32), W4A8)
+    x = torch.randn(4, 96)
+    with torch.inference_mode():
+        y_inf = layer(x)
+    x_ = x.clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no MXLayoutWarning from the backward
+        y = layer(x_)
+        y.sum().backward()
+    assert_bits(y.detach(), y_inf.clone())
+    w = layer.weight.dequantize()
+    assert torch.allclose(x_.grad, w.sum(0).expand(4, 96), rtol=1e-6, atol=1e-6)  # straight-through
+    assert torch.equal(layer.bias.grad, torch.full((40,), 4.0))
+    assert not any(p.requires_grad for p in layer.buffers())
+
+
+def test_from_mx_linear_uses_its_config_and_matches_its_forward():
+    qat = MXLinear.from_float(float_linear(dtype=torch.float32), W4A8)
+    layer = MXInferenceLinear.from_float(qat)
+    assert layer.qconfig == W4A8
+    x = torch.randn(6, 96)
+    with torch.no_grad():
+        assert_bits(layer(x), qat(x))  # fake quantization during QAT == packed inference
+
+
+def test_to_float_restores_plain_linear():
+    linear = float_linear()
+    layer = MXInferenceLinear.from_float(linear, QLinearConfig(MXConfig("float8_e4m3")))
+    back = layer.to_float()
+    assert type(back) is nn.Linear and back.weight.dtype == torch.bfloat16
+    assert back.bias is layer.bias
+    assert_bits(back.weight.detach(), layer.weight.dequantize())
+    assert (back.weight - linear.weight).abs().max() <= linear.weight.abs().max() / 8
+
+
+def test_torch_compile_fullgraph():
+    layer = MXInferenceLinear.from_float(float_linear(), W4A8)
+    x = torch.randn(2, 5, 96, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert_bits(torch.compile(layer, backend="aot_eager", fullgraph=True)(x), layer(x))
+
+
+def test_load_state_dict_refuses_a_different_config():
+    e5m2 = MXInferenceLinear.from_float(float_linear(), QLinearConfig(MXConfig("float8_e5m2")))
+    fp8 = MXInferenceLinear.from_float(float_linear(), QLinearConfig(MXConfig("float8_e4m3")))
+    with pytest.raises(ValueError, match="the checkpoint was quantized with \\[weights=float8_e5m2/32"):
+        fp8.load_state_dict(e5m2.state_dict())  # same shapes, different format
+
+
+def test_repr_and_errors():
+    layer = MXInferenceLinear.from_float(float_linear(), W4A8)
+    assert "in_features=96, out_features=40, bias=True, weights=float4_e2m1/32" in repr(layer)
+    with pytest.raises(TypeError, match="qconfig must be a torchmx.config.QLinearConfig"):
+        MXInferenceLinear.from_float(float_linear())
+    with pytest.raises(TypeError, match="linear must be a torch.nn.Linear"):
+        MXInferenceLinear.from_float(nn.Identity(), W4A8)
+    with pytest.raises(TypeError, match="input must have dtype"):
+        layer(torch.randn(2, 96, dtype=torch.float64))

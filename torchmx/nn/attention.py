@@ -1,0 +1,149 @@
+"""MX attention for transformers models, plugged in through transformers' attention registry.
+
+transformers (5.x) attention modules call `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`
+as `fn(module, query, key, value, attention_mask, scaling=..., dropout=..., **kwargs)` with
+query (batch, heads, q_len, head_dim) and key/value (batch, kv_heads, kv_len, head_dim), and
+build the attention mask with the function registered under the same name in
+`ALL_MASK_ATTENTION_FUNCTIONS`. `register_attention_functions()` adds two implementations,
+"torchmx_eager" and "torchmx_sdpa", which reuse the masks of "eager" and "sdpa" and compute
+attention with MX matmuls when the attention module carries a QAttentionConfig (attribute
+`torchmx_attention_config`, set by `quantize_llm_`):
+
+    scores = (q as MX, blocks along head_dim) @ (k as MX, blocks along head_dim)^T * scaling
+    probs  = softmax(scores + mask) in fp32 (then dropout in training)
+    out    = (probs as MX, blocks along kv_len) @ (v as MX, blocks along kv_len)
+
+Both matmuls reduce along the block axis of both operands (MX hardware can run them) and are
+exact in fp32. An attention module without a config runs "sdpa" (torchmx_sdpa) or the same
+computation without quantization (torchmx_eager). transformers is imported only when needed.
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..config import MXConfig, QAttentionConfig
+from ..mx_tensor import MXTensor
+
+__all__ = ["CONFIG_ATTRIBUTE", "MX_IMPLEMENTATIONS", "mx_attention", "register_attention_functions"]
+
+CONFIG_ATTRIBUTE = "torchmx_attention_config"
+# the transformers implementation a model uses -> the torchmx one that replaces it
+MX_IMPLEMENTATIONS = {"eager": "torchmx_eager", "sdpa": "torchmx_sdpa"}
+_UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
+
+
+def _to_mx(x: torch.Tensor, config: MXConfig, block_dim: int) -> MXTensor:
+    """x quantized per config, relabelled to fp32 so the matmuls return fp32 (exact)."""
+    x_mx = MXTensor.to_mx(x, config.elem_dtype_name, config.block_size,
+                          scale_mode=config.scale_mode, rounding=config.rounding,
+                          block_dim=block_dim)
+    return x_mx.to(torch.float32)
+
+
+def _apply_mask(scores, attention_mask, causal: bool):
+    """scores with masked positions set to the fp32 minimum (a float mask is added, as
+    transformers' eager masks are; a bool mask keeps True; no mask: causal or nothing)."""
+    q_len, kv_len = scores.shape[-2], scores.shape[-1]
+    if attention_mask is None and causal:
+        attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=scores.device)
+        attention_mask = attention_mask.tril(kv_len - q_len)  # the queries are the last q_len keys
+    if attention_mask is None:
+        return scores
+    if attention_mask.dtype == torch.bool:
+        return scores.masked_fill(~attention_mask, torch.finfo(torch.float32).min)
+    return scores + attention_mask
+
+
+def mx_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    config: Optional[QAttentionConfig],
+    *,
+    scaling: float,
+    causal: bool,
+    dropout: float = 0.0,
+    training: bool = False,
+):
+    """Attention with MX matmuls per `config` (None: the same computation in fp32).
+
+    query (B, H, Lq, D); key, value (B, Hkv, Lk, D) with H a multiple of Hkv. Returns the output
+    (B, Lq, H, D) in query's dtype and the attention probabilities (B, H, Lq, Lk) before their
+    quantization, in query's dtype.
+    """
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: each kv head serves `groups` query heads
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    quantized = config is not None and config.is_qkv_quantization_enabled
+    if quantized:
+        q, k = _to_mx(query, config.query_config, -1), _to_mx(key, config.key_config, -1)
+    else:
+        q, k = query.float(), key.float()
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scaling
+    scores = _apply_mask(scores, attention_mask, causal)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    probs = F.dropout(probs, p=dropout, training=training)
+    if quantized:
+        p = _to_mx(probs, config.attention_weights_config, -1)
+        v = _to_mx(value, config.value_config, -2)
+    else:
+        p, v = probs, value.float()
+    out = torch.matmul(p, v).to(query.dtype)
+    return out.transpose(1, 2).contiguous(), probs.to(query.dtype)
+
+
+def _check_kwargs(kwargs) -> None:
+    for name in _UNSUPPORTED_KWARGS:
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"torchmx MX attention does not support {name!r} "
+                                      "(supported: Llama- and Qwen2-style attention)")
+
+
+def _is_causal(module, query, attention_mask, is_causal) -> bool:
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    return bool(causal) and attention_mask is None and query.shape[2] > 1
+
+
+def _make_implementation(fallback: str):
+    """The function registered as MX_IMPLEMENTATIONS[fallback]."""
+
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                  is_causal=None, **kwargs):
+        config = getattr(module, CONFIG_ATTRIBUTE, None)
+        if config is None and fallback == "sdpa":
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask,
+                                                   scaling=scaling, dropout=dropout,
+                                                   is_causal=is_causal, **kwargs)
+        _check_kwargs(kwargs)
+        out, probs = mx_attention(
+            query, key, value, attention_mask, config,
+            scaling=query.shape[-1] ** -0.5 if scaling is None else scaling,
+            causal=_is_causal(module, query, attention_mask, is_causal),
+            dropout=dropout, training=module.training)
+        return out, probs if fallback == "eager" else None
+
+    attention.__name__ = attention.__qualname__ = f"torchmx_{fallback}_attention"
+    return attention
+
+
+_registered = False
+
+
+def register_attention_functions() -> None:
+    """Register "torchmx_eager" and "torchmx_sdpa" with transformers (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    for fallback, name in MX_IMPLEMENTATIONS.items():
+        AttentionInterface.register(name, _make_implementation(fallback))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[fallback])
+    _registered = True

@@ -1,0 +1,176 @@
+"""MXInferenceLinear: a linear layer whose weight is stored packed in an MX format.
+
+The weight lives in two uint8 buffers, `weight_scale` (E8M0 bytes, (out, ceil(in / block)))
+and `weight_data` (the packed codes, (out, packed bytes of in); MXINT8 codes as their uint8
+bit pattern), so state_dict, torch.load(weights_only=True) and safetensors see plain tensors.
+At forward the buffers are viewed as an MXTensor (`.weight`), the input is quantized on the fly
+(per `activations_config`) and F.linear runs on MX operands: MXTensor's linear dispatch (the
+exact product, fp32 accumulation; a fused kernel where one exists).
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import QLinearConfig
+from ..mx_tensor import MXTensor
+from ..numerics import arguments as args
+from ..numerics.packing import packed_length
+from .mx_linear import check_linear, check_qconfig, describe_qconfig
+
+__all__ = ["MXInferenceLinear"]
+
+_EXTRA_STATE_VERSION = 1
+
+
+class _PackedLinearFunction(torch.autograd.Function):
+    """F.linear(quantized x, MX weight, bias) with a straight-through gradient for x.
+
+    Autograd of the MX matmul itself would multiply the gradient by the MX weight along its
+    out_features (off its block axis: exact, but flagged with MXLayoutWarning); this backward
+    multiplies by the dequantized weight instead.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight_mx, bias, activations_config):
+        ctx.save_for_backward(weight_mx)
+        ctx.dtypes = (x.dtype, None if bias is None else bias.dtype)
+        return _packed_linear(x, weight_mx, bias, activations_config)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (weight_mx,) = ctx.saved_tensors
+        x_dtype, bias_dtype = ctx.dtypes
+        grad_x = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (grad_output @ weight_mx.dequantize(grad_output.dtype)).to(x_dtype)
+        if bias_dtype is not None and ctx.needs_input_grad[2]:
+            grad_b = grad_output.reshape(-1, grad_output.shape[-1]).sum(0).to(bias_dtype)
+        return grad_x, None, grad_b, None
+
+
+def _packed_linear(x, weight_mx, bias, activations_config):
+    if activations_config is not None:
+        x = MXTensor.to_mx(x, activations_config.elem_dtype_name, activations_config.block_size,
+                           scale_mode=activations_config.scale_mode,
+                           rounding=activations_config.rounding, block_dim=-1)
+    return F.linear(x, weight_mx, bias)
+
+
+class MXInferenceLinear(nn.Module):
+    """Inference linear layer with a packed MX weight; activations quantized on the fly.
+
+    Build it with `MXInferenceLinear.from_float(linear, qconfig)` (an nn.Linear or an
+    MXLinear, on any device including meta), or directly (empty buffers, to be loaded).
+    The logical weight dtype follows the input at forward, so an fp32 input gives an fp32
+    output from the same packed weight. Gradients flow to the input (straight-through) and to
+    the bias; the packed weight is not trainable. `to_float()` gives a plain nn.Linear back.
+    """
+
+    weight_scale: torch.Tensor
+    weight_data: torch.Tensor
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=None, *, qconfig: QLinearConfig):
+        super().__init__()
+        self.qconfig = check_qconfig(qconfig)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight_dtype = torch.get_default_dtype() if dtype is None else dtype
+        fmt, block = qconfig.weights_config.elem_dtype, qconfig.weights_config.block_size
+        self.register_buffer("weight_scale", torch.empty(
+            out_features, -(-in_features // block), dtype=torch.uint8, device=device))
+        self.register_buffer("weight_data", torch.empty(
+            out_features, packed_length(in_features, fmt), dtype=torch.uint8, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, qconfig: Optional[QLinearConfig] = None
+                   ) -> "MXInferenceLinear":
+        """Quantize `linear`'s weight (blocks along in_features) and keep its bias.
+
+        `qconfig` defaults to the layer's own when `linear` is an MXLinear (QAT -> inference).
+        A meta-device layer gives meta buffers (load real ones with load_state_dict(assign=True)).
+        """
+        check_linear(linear)
+        if qconfig is None:
+            qconfig = getattr(linear, "qconfig", None)
+            if qconfig is None:
+                raise TypeError("qconfig must be a torchmx.config.QLinearConfig (it can only be "
+                                "omitted for an MXLinear), got None")
+        check_qconfig(qconfig)
+        weight = linear.weight.detach()
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                      dtype=weight.dtype, qconfig=qconfig)
+        cfg = qconfig.weights_config
+        scale, data = torch.ops.torchmx.quantize_mx(
+            weight, cfg.elem_dtype_name, cfg.block_size, scale_mode=cfg.scale_mode,
+            rounding=cfg.rounding, block_dim=-1)
+        new.weight_scale = scale
+        new.weight_data = data.view(torch.uint8)
+        new.bias = linear.bias
+        new.train(linear.training)
+        return new
+
+    @property
+    def weight(self) -> MXTensor:
+        """The packed weight as an MXTensor of logical dtype `weight_dtype` (no copy)."""
+        return self._weight_mx(self.weight_dtype)
+
+    def _weight_mx(self, dtype: torch.dtype) -> MXTensor:
+        cfg = self.qconfig.weights_config
+        data = self.weight_data
+        if cfg.elem_dtype.kind == "int":
+            data = data.view(torch.int8)
+        return MXTensor(self.weight_scale, data, cfg.elem_dtype_name, cfg.block_size, dtype,
+                        block_dim=1, scale_mode=cfg.scale_mode,
+                        shape=(self.out_features, self.in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        args.check_high_precision_input(x, "input")
+        weight_mx = self._weight_mx(x.dtype)
+        bias = self.bias
+        act = self.qconfig.activations_config
+        if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+            return _PackedLinearFunction.apply(x, weight_mx, bias, act)
+        return _packed_linear(x, weight_mx, bias, act)
+
+    def to_float(self, dtype: Optional[torch.dtype] = None) -> nn.Linear:
+        """A plain nn.Linear holding the dequantized weight (in `dtype`, default weight_dtype)
+        and sharing this layer's bias."""
+        dtype = self.weight_dtype if dtype is None else dtype
+        with torch.device("meta"):
+            linear = nn.Linear(self.in_features, self.out_features, self.bias is not None)
+        linear.weight = nn.Parameter(self._weight_mx(dtype).dequantize())
+        linear.bias = self.bias
+        linear.train(self.training)
+        return linear
+
+    # The quantization config travels with the state_dict (plain dicts and strings, so
+    # torch.load(weights_only=True) reads it); loading checks it against this layer's.
+    def get_extra_state(self) -> dict:
+        return {"version": _EXTRA_STATE_VERSION, "qconfig": self.qconfig.to_dict()}
+
+    def set_extra_state(self, state) -> None:
+        if not isinstance(state, dict) or state.get("version") != _EXTRA_STATE_VERSION:
+            raise ValueError(f"{self._describe()}: unrecognized extra state in the checkpoint "
+                             f"(expected a torchmx MXInferenceLinear state, version "
+                             f"{_EXTRA_STATE_VERSION}): {state!r}")
+        theirs = QLinearConfig.load_from_dict(state["qconfig"])
+        if theirs != self.qconfig:
+            raise ValueError(f"{self._describe()}: the checkpoint was quantized with "
+                             f"[{describe_qconfig(theirs)}], this layer with "
+                             f"[{describe_qconfig(self.qconfig)}]; build the model with the "
+                             "checkpoint's config")
+
+    def _describe(self) -> str:
+        return f"MXInferenceLinear(in_features={self.in_features}, out_features={self.out_features})"
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, {describe_qconfig(self.qconfig)}")

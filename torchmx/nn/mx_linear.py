@@ -1,0 +1,141 @@
+"""MXLinear: a trainable drop-in for nn.Linear with MX quantization-aware training (QAT).
+
+Forward: the input (per `activations_config`) and the weight (per `weights_config`) are
+quantized with blocks along K and dequantized exactly, then multiplied in high precision
+(the exact product of the MX operands, as an MX GEMM computes it). Backward: straight-through
+(the gradient of F.linear at the quantized operands); with `grad_config` the operands of the
+two backward GEMMs are quantized along their reduction dims (QLinearGradConfig).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import QLinearConfig
+from .functional import fake_quantize
+
+__all__ = ["MXLinear", "mx_linear"]
+
+
+def check_qconfig(qconfig) -> QLinearConfig:
+    if not isinstance(qconfig, QLinearConfig):
+        raise TypeError(f"qconfig must be a torchmx.config.QLinearConfig, got {type(qconfig).__name__}")
+    return qconfig
+
+
+def check_linear(linear, arg: str = "linear") -> nn.Linear:
+    if not isinstance(linear, nn.Linear):
+        raise TypeError(f"{arg} must be a torch.nn.Linear, got {type(linear).__name__}")
+    return linear
+
+
+class _MXLinearFunction(torch.autograd.Function):
+    """y = fq(x) @ fq(w)^T + b; backward per qconfig.grad_config (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, qconfig):
+        x_q = fake_quantize(x, qconfig.activations_config, -1)
+        w_q = fake_quantize(weight, qconfig.weights_config, -1)
+        grad = qconfig.grad_config
+        # Backward requantizes the high-precision operand when its role has a config, else it
+        # reuses the forward's quantized operand (straight-through).
+        x_saved = x if grad is not None and grad.wgrad_input_config is not None else x_q
+        w_saved = weight if grad is not None and grad.dgrad_weight_config is not None else w_q
+        ctx.save_for_backward(x_saved, w_saved)
+        ctx.grad_config = grad
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return F.linear(x_q, w_q, bias)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, weight = ctx.saved_tensors
+        x_dtype, weight_dtype, bias_dtype = ctx.dtypes
+        cfg = ctx.grad_config
+        g = grad_output.reshape(-1, grad_output.shape[-1])  # (tokens M, out_features N)
+        dtype = g.dtype
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:  # dgrad: (M, N) @ (N, K), reduces over N
+            g_d = fake_quantize(g, cfg and cfg.dgrad_grad_output_config, -1)
+            w_d = fake_quantize(weight, cfg and cfg.dgrad_weight_config, 0)
+            grad_x = (g_d @ w_d.to(dtype)).reshape(*grad_output.shape[:-1], -1).to(x_dtype)
+        if ctx.needs_input_grad[1]:  # wgrad: (N, M) @ (M, K), reduces over the tokens M
+            x2 = x.reshape(-1, x.shape[-1])
+            g_w = fake_quantize(g, cfg and cfg.wgrad_grad_output_config, 0)
+            x_w = fake_quantize(x2, cfg and cfg.wgrad_input_config, 0)
+            grad_w = (g_w.t() @ x_w.to(dtype)).to(weight_dtype)
+        if bias_dtype is not None and ctx.needs_input_grad[2]:
+            grad_b = g.sum(0).to(bias_dtype)
+        return grad_x, grad_w, grad_b, None
+
+
+def mx_linear(x: torch.Tensor, weight: torch.Tensor, bias, qconfig: QLinearConfig) -> torch.Tensor:
+    """F.linear with MX quantization-aware forward and backward (see MXLinear)."""
+    return _MXLinearFunction.apply(x, weight, bias, qconfig)
+
+
+class MXLinear(nn.Linear):
+    """nn.Linear whose forward and (optionally) backward GEMMs see MX-quantized operands.
+
+    The parameters stay in high precision (the optimizer's master weights); only the GEMM
+    operands are quantized. Build one like nn.Linear plus `qconfig=`, or swap an existing layer
+    with `MXLinear.from_float(linear, qconfig)` (the parameters are shared, not copied, so an
+    optimizer built before the swap keeps working). `to_float()` gives the nn.Linear back.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=None, *, qconfig: QLinearConfig):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.qconfig = check_qconfig(qconfig)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, qconfig: QLinearConfig) -> "MXLinear":
+        check_linear(linear)
+        check_qconfig(qconfig)
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                      qconfig=qconfig)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.train(linear.training)
+        return new
+
+    def to_float(self) -> nn.Linear:
+        """A plain nn.Linear sharing this layer's parameters."""
+        with torch.device("meta"):
+            linear = nn.Linear(self.in_features, self.out_features, self.bias is not None)
+        linear.weight = self.weight
+        linear.bias = self.bias
+        linear.train(self.training)
+        return linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mx_linear(x, self.weight, self.bias, self.qconfig)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, {describe_qconfig(self.qconfig)}"
+
+
+def describe_qconfig(qconfig: QLinearConfig) -> str:
+    """A short text form: weights=float4_e2m1/32, activations=float8_e4m3/32, grads=..."""
+
+    def short(cfg):
+        if cfg is None:
+            return "none"
+        text = f"{cfg.elem_dtype_name}/{cfg.block_size}"
+        if cfg.scale_mode != "floor":
+            text += f"/{cfg.scale_mode}"
+        if cfg.rounding != "even":
+            text += f"/{cfg.rounding}"
+        return text
+
+    parts = [f"weights={short(qconfig.weights_config)}",
+             f"activations={short(qconfig.activations_config)}"]
+    grad = qconfig.grad_config
+    if grad is not None:
+        roles = [grad.dgrad_grad_output_config, grad.dgrad_weight_config,
+                 grad.wgrad_grad_output_config, grad.wgrad_input_config]
+        if all(r == roles[0] for r in roles):
+            parts.append(f"grads={short(roles[0])}")
+        else:
+            parts.append("grads=(" + ", ".join(short(r) for r in roles) + ")")
+    return ", ".join(parts)

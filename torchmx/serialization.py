@@ -1,0 +1,169 @@
+"""Checkpoints of MX models.
+
+MX layers (MXInferenceLinear) keep their packed weights in plain uint8 buffers and their
+quantization config in the state_dict's extra state (plain dicts), so:
+
+- `torch.save(model.state_dict(), f)` / `torch.load(f, weights_only=True)` round-trip bit for
+  bit in any process that can import torch (and torchmx, to build the model);
+  `load_state_dict` raises ValueError when a layer's config differs from the checkpoint's.
+- `save_safetensors(model, path)` / `load_safetensors(model, path)` write and read a
+  safetensors file: every tensor of the state_dict (scales and packed codes as uint8), the
+  extra states as JSON metadata, tied tensors stored once, and a CRC32 per tensor. Loading
+  checks the file, the checksums, the keys, shapes, dtypes and configs against the freshly
+  built model and raises ValueError naming what differs.
+
+A fresh model to load into is built like the saved one: the float model, then the same
+quantize call (on the meta device too: its tensors are then assigned, not copied).
+"""
+
+import json
+import os
+import zlib
+from typing import Dict, Optional, Union
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+__all__ = ["save_safetensors", "load_safetensors"]
+
+FORMAT = "torchmx"
+FORMAT_VERSION = "1"
+_EXTRA_STATE_SUFFIX = "_extra_state"  # torch.nn.modules.module._EXTRA_STATE_KEY_SUFFIX
+_MAX_LISTED = 10
+
+PathLike = Union[str, os.PathLike]
+
+
+def _crc32(t: torch.Tensor) -> int:
+    return zlib.crc32(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def _storage_key(t: torch.Tensor):
+    """Tensors with equal keys are the same view of the same memory (tied weights)."""
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+            tuple(t.stride()), t.dtype)
+
+
+def save_safetensors(model: nn.Module, path: PathLike, *,
+                     metadata: Optional[Dict[str, str]] = None) -> None:
+    """Write model.state_dict() to a safetensors file (see the module docstring).
+
+    `metadata`: extra string key/values stored in the header (keys must not start with
+    "torchmx.")."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    user = dict(metadata or {})
+    for key, value in user.items():
+        if not isinstance(key, str) or not isinstance(value, str) or key.startswith("torchmx."):
+            raise ValueError("metadata must map str to str, with keys not starting with "
+                             f"'torchmx.'; got {key!r}: {type(value).__name__}")
+    tensors, extra, aliases, seen = {}, {}, {}, {}
+    for key, value in model.state_dict().items():
+        if key.endswith(_EXTRA_STATE_SUFFIX):
+            extra[key] = value
+            continue
+        if type(value) is not torch.Tensor:
+            raise TypeError(f"state_dict entry {key!r} is a {type(value).__name__}; safetensors "
+                            "stores plain tensors (MX layers keep theirs as uint8 buffers)")
+        if value.is_meta:
+            raise ValueError(f"state_dict entry {key!r} is on the meta device (no data to save)")
+        storage = _storage_key(value)
+        if storage in seen:
+            aliases[key] = seen[storage]
+            continue
+        seen[storage] = key
+        tensors[key] = value.detach().contiguous()
+    try:
+        extra_json = json.dumps(extra)
+    except TypeError as e:
+        raise TypeError(f"save_safetensors stores extra states as JSON: {e}") from None
+    header = {
+        "torchmx.format": FORMAT,
+        "torchmx.format_version": FORMAT_VERSION,
+        "torchmx.extra_state": extra_json,
+        "torchmx.aliases": json.dumps(aliases),
+        "torchmx.crc32": json.dumps({k: _crc32(t) for k, t in tensors.items()}),
+        **user,
+    }
+    save_file(tensors, os.fspath(path), metadata=header)
+
+
+def _read(path: PathLike):
+    """(tensors, metadata) of a torchmx safetensors file, checksums verified."""
+    path = os.fspath(path)
+    try:
+        with safe_open(path, framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+    if metadata.get("torchmx.format") != FORMAT:
+        raise ValueError(f"{path}: not a torchmx checkpoint (written by "
+                         "torchmx.serialization.save_safetensors)")
+    if metadata.get("torchmx.format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: torchmx checkpoint format version "
+                         f"{metadata.get('torchmx.format_version')!r}; this torchmx reads "
+                         f"version {FORMAT_VERSION}")
+    try:
+        checksums = json.loads(metadata["torchmx.crc32"])
+        aliases = json.loads(metadata["torchmx.aliases"])
+        extra = json.loads(metadata["torchmx.extra_state"])
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"{path}: corrupted torchmx metadata ({e})") from None
+    if set(checksums) != set(tensors):
+        raise ValueError(f"{path}: corrupted: the tensors and their checksums do not match")
+    bad = [k for k, t in tensors.items() if _crc32(t) != checksums[k]]
+    if bad:
+        raise ValueError(f"{path}: corrupted: checksum mismatch for {_listed(bad)}")
+    state = dict(tensors)
+    for key, target in aliases.items():
+        if target not in tensors:
+            raise ValueError(f"{path}: corrupted: {key!r} is tied to missing tensor {target!r}")
+        state[key] = tensors[target]
+    state.update(extra)
+    return state, metadata
+
+
+def _listed(names) -> str:
+    names = list(names)
+    shown = ", ".join(map(repr, names[:_MAX_LISTED]))
+    return shown + (f" and {len(names) - _MAX_LISTED} more" if len(names) > _MAX_LISTED else "")
+
+
+def _mismatches(model: nn.Module, state: dict, strict: bool) -> list:
+    expected = model.state_dict()
+    problems = []
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if strict and missing:
+        problems.append(f"missing from the checkpoint: {_listed(missing)}")
+    if strict and unexpected:
+        problems.append(f"not in the model: {_listed(unexpected)}")
+    for key, want in expected.items():
+        have = state.get(key)
+        if key.endswith(_EXTRA_STATE_SUFFIX) or have is None:
+            continue
+        if tuple(have.shape) != tuple(want.shape) or have.dtype != want.dtype:
+            problems.append(f"{key}: checkpoint {have.dtype} {tuple(have.shape)}, model "
+                            f"{want.dtype} {tuple(want.shape)}")
+    return problems
+
+
+def load_safetensors(model: nn.Module, path: PathLike, *, strict: bool = True) -> Dict[str, str]:
+    """Load a save_safetensors file into `model` (built like the saved model), bit for bit.
+
+    Raises ValueError when the file is not a torchmx checkpoint, is corrupted (checksums), or
+    does not match the model (keys with strict=True, shapes, dtypes, MX configs). A model with
+    meta-device tensors gets the checkpoint's tensors assigned. Returns the user metadata.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    state, metadata = _read(path)
+    problems = _mismatches(model, state, strict)
+    if problems:
+        raise ValueError(f"{os.fspath(path)} does not match the model:\n  " + "\n  ".join(problems))
+    assign = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    model.load_state_dict(state, strict=strict, assign=assign)
+    return {k: v for k, v in metadata.items() if not k.startswith("torchmx.")}
