@@ -183,3 +183,17 @@ def test_save_errors(tmp_path):
         save_safetensors(build(), tmp_path / "m.safetensors", metadata={"torchmx.x": "1"})
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         save_safetensors({}, tmp_path / "m.safetensors")
+
+
+def test_non_strict_load_into_meta_model_refuses_to_leave_meta_tensors(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_safetensors(build(), path)
+    with torch.device("meta"):
+        fresh = build()
+        fresh.add_module("extra", nn.Linear(8, 8))
+    with pytest.raises(ValueError, match=r"on the meta device in the model.*'extra.weight'"):
+        load_safetensors(fresh, path, strict=False)
+    assert fresh.extra.weight.is_meta  # nothing loaded
+    real = build(seed=1)
+    real.add_module("extra", nn.Linear(8, 8))
+    load_safetensors(real, path, strict=False)  # not meta: the extra layer keeps its values

@@ -52,6 +52,12 @@ def test_torchmx_010_dict_loads():
      ValueError, "all or none of query_config"),
     (lambda: MXConfig.load_from_dict({"elem_dtype_name": "int8", "blocksize": 4}), ValueError,
      "unknown keys ['blocksize']"),
+    (lambda: QLinearConfig.load_from_dict({}), ValueError,
+     "QLinearConfig: missing required keys ['weights_config']"),
+    (lambda: MXConfig.load_from_dict({"block_size": 32}), ValueError,
+     "MXConfig: missing required keys ['elem_dtype_name']"),
+    (lambda: QAttentionConfig.load_from_dict({"query_config": None}), ValueError,
+     "missing required keys ['projection_config']"),
 ])
 def test_bad_configs(make, error, words):
     with pytest.raises(error) as info:

@@ -130,3 +130,75 @@ def test_quantize_llm_errors():
     model.config._attn_implementation_internal = "flex_attention"
     with pytest.raises(ValueError, match="supports the attention implementations 'eager', 'sdpa'"):
         quantize_llm_(model, ATTENTION, MLP)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_mx_attention_under_bf16_autocast(implementation):
+    """The MX attention runs in fp32 with autocast disabled: an enclosing bf16 autocast region
+    neither crashes it (masking bf16 scores with the fp32 minimum) nor changes its result
+    for the same q, k, v."""
+    model = tiny_decoder_lm("llama", attn_implementation=implementation)
+    quantize_llm_(model, QAttentionConfig(QLinearConfig(FP8), FP8, FP8, FP8, FP8), QLinearConfig(FP8))
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        out = model(ids).logits
+        padded = model(ids, attention_mask=mask).logits
+    assert out.isfinite().all() and padded[1].isfinite().all()
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 9, 32, generator=g, dtype=torch.bfloat16) for _ in range(3))
+    plain = mx_attention(q, k, v, None, ATTENTION, scaling=0.2, causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = mx_attention(q, k, v, None, ATTENTION, scaling=0.2, causal=True)
+    assert auto[0].dtype == torch.bfloat16
+    assert torch.equal(plain[0], auto[0]) and torch.equal(plain[1], auto[1])
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_excluded_attention_is_bitwise_transformers(implementation, dtype):
+    """Attention modules without an MX config run exactly what transformers runs (its sdpa, or
+    the model's own eager_attention_forward), bit for bit, in bf16 too."""
+    import copy
+
+    ref = tiny_decoder_lm("llama", attn_implementation=implementation, dtype=dtype)
+    model = copy.deepcopy(ref)
+    summary = quantize_llm_(model, ATTENTION, MLP, include=["nothing_matches"])
+    assert summary.attention == [] and summary.swapped == []
+    assert model.config._attn_implementation == f"torchmx_{implementation}"
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    with torch.no_grad():
+        a = ref(ids, attention_mask=mask, output_attentions=implementation == "eager")
+        b = model(ids, attention_mask=mask, output_attentions=implementation == "eager")
+    assert torch.equal(a.logits, b.logits)
+    if implementation == "eager":
+        assert all(torch.equal(x, y) for x, y in zip(a.attentions, b.attentions))
+
+
+def test_mx_attention_causality_is_per_value_block():
+    """v is quantized with blocks along the key sequence (attn @ v reduces over keys), so a key
+    changes the scale of its 32-key block of v: outputs of queries in earlier *complete* blocks
+    are unchanged by later tokens, but queries in the same, partially filled block may see a
+    later token through the shared scale. KV-cache decoding is therefore not bit-identical to a
+    full forward pass (see docs/guides/model_api.md)."""
+    model = tiny_decoder_lm("llama", attn_implementation="sdpa")
+    quantize_llm_(model, QAttentionConfig(PROJECTIONS, FP4, FP4, FP4, FP4), MLP)
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(ids).logits[0]
+        prefix = model(ids[:, :35]).logits[0]
+        changed = ids.clone()
+        changed[0, 39] = (changed[0, 39] + 7) % 256
+        other = model(changed).logits[0]
+        cached = model(ids[:, :-1], use_cache=True)
+        step = model(ids[:, -1:], past_key_values=cached.past_key_values).logits[0, -1]
+    # positions 0..31 (a complete block of v) never see the later tokens
+    assert torch.equal(full[:32], prefix[:32]) and torch.equal(full[:32], other[:32])
+    # positions 32..34 share their v block with tokens 35..39: their outputs depend on them
+    assert not torch.equal(full[32:35], prefix[32:35])
+    assert not torch.equal(full[32:35], other[32:35])
+    # decoding: close to, but not bit-identical with, the full forward pass
+    assert not torch.equal(full[-1], step) and sqnr_db(full[-1], step) > 10

@@ -151,3 +151,61 @@ def test_repr_and_errors():
         MXInferenceLinear.from_float(nn.Identity(), W4A8)
     with pytest.raises(TypeError, match="input must have dtype"):
         layer(torch.randn(2, 96, dtype=torch.float64))
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layer_dtype", DTYPES)
+@pytest.mark.parametrize("input_dtype", DTYPES)
+def test_every_input_dtype_with_every_layer_dtype(layer_dtype, input_dtype, bias):
+    """One packed weight serves fp32, bf16 and fp16 inputs whatever the layer's dtype; the
+    output has the input's dtype and the bias is cast to it."""
+    linear = float_linear(bias=bias, dtype=layer_dtype)
+    layer = MXInferenceLinear.from_float(linear, W4A8)
+    x = torch.randn(3, 96, dtype=input_dtype)
+    x_mx = MXTensor.to_mx(x, "float8_e4m3", 32)
+    w_mx = MXTensor.to_mx(linear.weight.detach(), "float4_e2m1", 32).to(input_dtype)
+    b = None if linear.bias is None else linear.bias.detach().to(input_dtype)
+    with torch.no_grad():
+        assert_bits(layer(x), F.linear(x_mx, w_mx, b))
+    x_ = x.clone().requires_grad_()
+    layer(x_).float().sum().backward()  # the gradient path too
+    assert x_.grad.dtype == input_dtype
+    if bias:
+        assert layer.bias.grad.dtype == layer_dtype
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_weight_dtype_follows_module_conversions_and_loading(bias):
+    layer = MXInferenceLinear.from_float(float_linear(bias=bias, dtype=torch.float32), W4A8)
+    assert layer.weight_dtype == torch.float32
+    layer.to(torch.bfloat16)
+    assert layer.weight_dtype == layer.weight.dtype == torch.bfloat16
+    layer.half()
+    assert layer.weight_dtype == torch.float16
+    back = layer.to_float()
+    assert back.weight.dtype == torch.float16 and (not bias or back.bias.dtype == torch.float16)
+    assert back(torch.randn(2, 96, dtype=torch.float16)).dtype == torch.float16
+    if bias:  # the bias from a bf16 checkpoint, assigned: the weight dtype follows it
+        source = MXInferenceLinear.from_float(float_linear(dtype=torch.bfloat16), W4A8)
+        with torch.device("meta"):
+            meta = MXInferenceLinear.from_float(nn.Linear(96, 40), W4A8)
+        meta.load_state_dict(source.state_dict(), assign=True)
+        assert meta.weight_dtype == torch.bfloat16
+        assert meta.to_float().weight.dtype == meta.to_float().bias.dtype == torch.bfloat16
+    # to_float in another dtype: weight and bias agree
+    other = layer.to_float(torch.float32)
+    assert other.weight.dtype == torch.float32 and (not bias or other.bias.dtype == torch.float32)
+
+
+def test_extra_state_errors_name_the_layer():
+    layer = MXInferenceLinear.from_float(float_linear(), W4A8)
+    state = layer.state_dict()
+    state["_extra_state"] = {"version": 1}
+    with pytest.raises(ValueError, match=r"MXInferenceLinear\(in_features=96.*no 'qconfig'"):
+        layer.load_state_dict(state)
+    state["_extra_state"] = {"version": 1, "qconfig": {"activations_config": None}}
+    with pytest.raises(ValueError, match=r"MXInferenceLinear\(in_features=96.*weights_config"):
+        layer.load_state_dict(state)

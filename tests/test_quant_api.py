@@ -15,6 +15,7 @@ from torchmx.quant_api import (
     mx_dynamic_activation_mx_weights,
     prepare_qat_,
     quantize_linear_,
+    quantize_llm_,
 )
 
 W4A8 = QLinearConfig(MXConfig("float4_e2m1"), MXConfig("float8_e4m3"))
@@ -162,3 +163,45 @@ def test_torchmx_010_helper_returns_a_torchao_config():
 
     quantize_(model, MXQATConfig(W4A8))
     assert type(model.blocks[1].down) is MXLinear
+
+
+def test_packing_an_mxlinear_with_another_config_warns():
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    prepare_qat_(model, W4A8, exclude=None)
+    other = QLinearConfig(MXConfig("float8_e4m3"))
+    with pytest.warns(UserWarning, match=r"0: this MXLinear was trained \(QAT\) with "
+                                         r"\[weights=float4_e2m1/32.*packed with \[weights=float8_e4m3"):
+        quantize_linear_(model, other, exclude=None)
+    assert model[0].qconfig == other
+    again = nn.Sequential(nn.Linear(64, 64))
+    prepare_qat_(again, W4A8, exclude=None)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantize_linear_(again, W4A8, exclude=None)  # the training config: no warning
+
+
+def test_quantize_llm_leaves_the_model_untouched_on_failure():
+    pytest.importorskip("transformers")
+    from torchmx.config import QAttentionConfig
+    from torchmx.models import tiny_decoder_lm
+    from torchmx.nn.attention import CONFIG_ATTRIBUTE
+
+    fp8 = MXConfig("float8_e4m3")
+    model = tiny_decoder_lm("llama", attn_implementation="sdpa")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    types = {n: type(m) for n, m in model.named_modules()}
+
+    def boom(module, name):
+        if name.endswith("layers.1.mlp.up_proj"):
+            raise RuntimeError("filter failed")
+        return True
+
+    with pytest.raises(RuntimeError, match="filter failed"):
+        quantize_llm_(model, QAttentionConfig(QLinearConfig(fp8), fp8, fp8, fp8, fp8),
+                      QLinearConfig(fp8), filter_fn=boom)
+    assert {n: type(m) for n, m in model.named_modules()} == types
+    assert model.config._attn_implementation == "sdpa"
+    assert not any(hasattr(m, CONFIG_ATTRIBUTE) for m in model.modules())
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

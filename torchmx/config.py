@@ -7,7 +7,7 @@ v and the attention weights).
 The option names are the ones of the custom ops and `MXTensor.to_mx`.
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Optional
 
 from . import dtypes
@@ -36,6 +36,11 @@ class _DictRoundTrip:
         unknown = set(config_dict) - known
         if unknown:
             raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        required = [f.name for f in fields(cls)
+                    if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in required if name not in config_dict]
+        if missing:
+            raise ValueError(f"{cls.__name__}: missing required keys {missing}")
         values = {}
         for name, value in config_dict.items():
             nested = cls._nested.get(name)

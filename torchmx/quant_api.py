@@ -14,6 +14,7 @@ and returns a `QuantizationSummary`. The torchao config `MXInferenceLinearConfig
 """
 
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, List, Optional, Union
 
@@ -25,7 +26,7 @@ from . import dtypes
 from .config import MXConfig, QAttentionConfig, QLinearConfig
 from .nn import attention as mx_attention
 from .nn.inference_linear import MXInferenceLinear
-from .nn.mx_linear import MXLinear, check_qconfig
+from .nn.mx_linear import MXLinear, check_qconfig, describe_qconfig
 
 __all__ = [
     "DEFAULT_EXCLUDE",
@@ -123,9 +124,13 @@ def _check_model(model) -> None:
 
 
 def _swap_linears(model: nn.Module, candidates: Callable[[nn.Module], bool], select, make,
-                  progress: Optional[bool], desc: str) -> QuantizationSummary:
+                  progress: Optional[bool], desc: str,
+                  before_apply: Optional[Callable[[], None]] = None) -> QuantizationSummary:
     """Replace every submodule m named `name` with candidates(m) and select(m, name) by
-    make(m, name), in place. A module reachable under several names is converted once."""
+    make(m, name), in place. A module reachable under several names is converted once.
+
+    All replacements are built (and every check run) before the model is touched, so an error
+    leaves the model as it was; `before_apply()` runs after that, just before the swaps."""
     _check_model(model)
     if candidates(model):
         raise ValueError(f"model itself is a {type(model).__name__}: these functions swap "
@@ -145,11 +150,13 @@ def _swap_linears(model: nn.Module, candidates: Callable[[nn.Module], bool], sel
         disable = None if len(todo) >= _PROGRESS_MIN_LAYERS else True
     else:
         disable = not progress
-    bar = tqdm(todo, desc=desc, unit="layer", disable=disable)
     converted = {}
-    for parent, child_name, name, child in bar:
+    for parent, child_name, name, child in tqdm(todo, desc=desc, unit="layer", disable=disable):
         if id(child) not in converted:
             converted[id(child)] = make(child, name)
+    if before_apply is not None:
+        before_apply()
+    for parent, child_name, name, child in todo:
         setattr(parent, child_name, converted[id(child)])
         summary.swapped.append(name)
     summary.bytes_after = model_bytes(model)
@@ -179,8 +186,18 @@ def quantize_linear_(
     check_qconfig(qconfig)
     select = _selector(include, exclude, filter_fn)
     return _swap_linears(model, _is_float_linear, select,
-                         lambda m, name: MXInferenceLinear.from_float(m, qconfig),
+                         lambda m, name: _pack(m, name, qconfig),
                          progress, "torchmx: quantizing linear layers")
+
+
+def _pack(module: nn.Linear, name: str, qconfig: QLinearConfig) -> MXInferenceLinear:
+    """MXInferenceLinear.from_float, warning when an MXLinear trained with another config."""
+    trained = getattr(module, "qconfig", None)
+    if isinstance(module, MXLinear) and trained != qconfig:
+        warnings.warn(f"{name}: this MXLinear was trained (QAT) with [{describe_qconfig(trained)}] "
+                      f"and is now packed with [{describe_qconfig(qconfig)}]; pass the training "
+                      "config to quantize with what the model learned", UserWarning, stacklevel=5)
+    return MXInferenceLinear.from_float(module, qconfig)
 
 
 def prepare_qat_(
@@ -263,9 +280,11 @@ def quantize_llm_(
 
     def make(module, name):
         qconfig = qattention_config.projection_config if name in projections else qmlp_config
-        return MXInferenceLinear.from_float(module, qconfig)
+        return _pack(module, name, qconfig)
 
-    mx_modules = []
+    # Validate everything first: nothing below modifies the model until _swap_linears has
+    # built every replacement layer (then `enable_attention` runs, then the swaps).
+    mx_modules, implementation = [], None
     if qattention_config.is_qkv_quantization_enabled:
         implementation = _attention_implementation(model)
         current = {v: k for k, v in mx_attention.MX_IMPLEMENTATIONS.items()}
@@ -274,16 +293,17 @@ def quantize_llm_(
                              f"{', '.join(map(repr, mx_attention.MX_IMPLEMENTATIONS))}; the model "
                              f"uses {implementation!r} (load it with attn_implementation=\"sdpa\" "
                              "or \"eager\")")
+        mx_modules = [name for name in attention if attention_names_ok(name)]
         mx_attention.register_attention_functions()
-        for name, module in attention.items():
-            if attention_names_ok(name):
-                setattr(module, mx_attention.CONFIG_ATTRIBUTE, qattention_config)
-                mx_modules.append(name)
+
+    def enable_attention():
+        for name in mx_modules:
+            setattr(attention[name], mx_attention.CONFIG_ATTRIBUTE, qattention_config)
         if implementation in mx_attention.MX_IMPLEMENTATIONS:
             model.set_attn_implementation(mx_attention.MX_IMPLEMENTATIONS[implementation])
 
     summary = _swap_linears(model, _is_float_linear, select, make, progress,
-                            "torchmx: quantizing LLM")
+                            "torchmx: quantizing LLM", before_apply=enable_attention)
     summary.attention = mx_modules
     return summary
 

@@ -139,6 +139,10 @@ def _mismatches(model: nn.Module, state: dict, strict: bool) -> list:
     unexpected = [k for k in state if k not in expected]
     if strict and missing:
         problems.append(f"missing from the checkpoint: {_listed(missing)}")
+    left_on_meta = [k for k in missing if isinstance(expected[k], torch.Tensor) and expected[k].is_meta]
+    if not strict and left_on_meta:
+        problems.append("missing from the checkpoint, and on the meta device in the model (they "
+                        f"would be left without data): {_listed(left_on_meta)}")
     if strict and unexpected:
         problems.append(f"not in the model: {_listed(unexpected)}")
     for key, want in expected.items():
@@ -156,7 +160,9 @@ def load_safetensors(model: nn.Module, path: PathLike, *, strict: bool = True) -
 
     Raises ValueError when the file is not a torchmx checkpoint, is corrupted (checksums), or
     does not match the model (keys with strict=True, shapes, dtypes, MX configs). A model with
-    meta-device tensors gets the checkpoint's tensors assigned. Returns the user metadata.
+    meta-device tensors gets the checkpoint's tensors assigned; with strict=False, a key missing
+    from the file whose model tensor is on the meta device raises ValueError too (it would be
+    left without data). Returns the user metadata.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -14,10 +14,12 @@ attention with MX matmuls when the attention module carries a QAttentionConfig (
     out    = (probs as MX, blocks along kv_len) @ (v as MX, blocks along kv_len)
 
 Both matmuls reduce along the block axis of both operands (MX hardware can run them) and are
-exact in fp32. An attention module without a config runs "sdpa" (torchmx_sdpa) or the same
-computation without quantization (torchmx_eager). transformers is imported only when needed.
+exact in fp32; the whole computation runs in fp32 with autocast disabled. An attention module
+without a config runs exactly what transformers would run for it: "sdpa" (torchmx_sdpa) or the
+model's own `eager_attention_forward` (torchmx_eager). transformers is imported only when needed.
 """
 
+import sys
 from typing import Optional
 
 import torch
@@ -43,7 +45,7 @@ def _to_mx(x: torch.Tensor, config: MXConfig, block_dim: int) -> MXTensor:
 
 
 def _apply_mask(scores, attention_mask, causal: bool):
-    """scores with masked positions set to the fp32 minimum (a float mask is added, as
+    """scores with masked positions set to scores' dtype minimum (a float mask is added, as
     transformers' eager masks are; a bool mask keeps True; no mask: causal or nothing)."""
     q_len, kv_len = scores.shape[-2], scores.shape[-1]
     if attention_mask is None and causal:
@@ -52,7 +54,7 @@ def _apply_mask(scores, attention_mask, causal: bool):
     if attention_mask is None:
         return scores
     if attention_mask.dtype == torch.bool:
-        return scores.masked_fill(~attention_mask, torch.finfo(torch.float32).min)
+        return scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
     return scores + attention_mask
 
 
@@ -72,27 +74,29 @@ def mx_attention(
 
     query (B, H, Lq, D); key, value (B, Hkv, Lk, D) with H a multiple of Hkv. Returns the output
     (B, Lq, H, D) in query's dtype and the attention probabilities (B, H, Lq, Lk) before their
-    quantization, in query's dtype.
+    quantization, in query's dtype. The computation runs in fp32 with autocast disabled (an
+    enclosing torch.autocast region does not change it); only the outputs take query's dtype.
     """
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query attention: each kv head serves `groups` query heads
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
-    quantized = config is not None and config.is_qkv_quantization_enabled
-    if quantized:
-        q, k = _to_mx(query, config.query_config, -1), _to_mx(key, config.key_config, -1)
-    else:
-        q, k = query.float(), key.float()
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scaling
-    scores = _apply_mask(scores, attention_mask, causal)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    probs = F.dropout(probs, p=dropout, training=training)
-    if quantized:
-        p = _to_mx(probs, config.attention_weights_config, -1)
-        v = _to_mx(value, config.value_config, -2)
-    else:
-        p, v = probs, value.float()
-    out = torch.matmul(p, v).to(query.dtype)
+    with torch.autocast(query.device.type, enabled=False):
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1:  # grouped-query attention: each kv head serves `groups` query heads
+            key = key.repeat_interleave(groups, dim=1)
+            value = value.repeat_interleave(groups, dim=1)
+        quantized = config is not None and config.is_qkv_quantization_enabled
+        if quantized:
+            q, k = _to_mx(query, config.query_config, -1), _to_mx(key, config.key_config, -1)
+        else:
+            q, k = query.float(), key.float()
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scaling
+        scores = _apply_mask(scores, attention_mask, causal)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        probs = F.dropout(probs, p=dropout, training=training)
+        if quantized:
+            p = _to_mx(probs, config.attention_weights_config, -1)
+            v = _to_mx(value, config.value_config, -2)
+        else:
+            p, v = probs, value.float()
+        out = torch.matmul(p, v).to(query.dtype)
     return out.transpose(1, 2).contiguous(), probs.to(query.dtype)
 
 
@@ -108,18 +112,34 @@ def _is_causal(module, query, attention_mask, is_causal) -> bool:
     return bool(causal) and attention_mask is None and query.shape[2] > 1
 
 
+def _fallback_function(module, fallback: str):
+    """The function transformers calls for `module` under the implementation `fallback`:
+    "sdpa" from its registry; "eager" is each model's own `eager_attention_forward` (defined in
+    the module's modeling file; it is not in the registry)."""
+    if fallback == "sdpa":
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        return ALL_ATTENTION_FUNCTIONS["sdpa"]
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if eager is None:
+        raise NotImplementedError(
+            f"torchmx_eager: {type(module).__name__} has no MX attention config and its modeling "
+            f"module {type(module).__module__!r} defines no eager_attention_forward to fall back "
+            "to (supported: Llama- and Qwen2-style attention)")
+    return eager
+
+
 def _make_implementation(fallback: str):
     """The function registered as MX_IMPLEMENTATIONS[fallback]."""
 
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                   is_causal=None, **kwargs):
         config = getattr(module, CONFIG_ATTRIBUTE, None)
-        if config is None and fallback == "sdpa":
-            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-            return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask,
-                                                   scaling=scaling, dropout=dropout,
-                                                   is_causal=is_causal, **kwargs)
+        if config is None or not config.is_qkv_quantization_enabled:
+            # exactly what transformers runs for this module under `fallback`
+            return _fallback_function(module, fallback)(
+                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                is_causal=is_causal, **kwargs)
         _check_kwargs(kwargs)
         out, probs = mx_attention(
             query, key, value, attention_mask, config,

@@ -64,8 +64,8 @@ class MXInferenceLinear(nn.Module):
 
     Build it with `MXInferenceLinear.from_float(linear, qconfig)` (an nn.Linear or an
     MXLinear, on any device including meta), or directly (empty buffers, to be loaded).
-    The logical weight dtype follows the input at forward, so an fp32 input gives an fp32
-    output from the same packed weight. Gradients flow to the input (straight-through) and to
+    The logical weight dtype follows the input at forward (the bias is cast to it), so an
+    fp32, bf16 or fp16 input gives an output of its own dtype from the same packed weight. Gradients flow to the input (straight-through) and to
     the bias; the packed weight is not trainable. `to_float()` gives a plain nn.Linear back.
     """
 
@@ -77,7 +77,8 @@ class MXInferenceLinear(nn.Module):
         super().__init__()
         self.qconfig = check_qconfig(qconfig)
         self.in_features, self.out_features = in_features, out_features
-        self.weight_dtype = torch.get_default_dtype() if dtype is None else dtype
+        # the weight's logical dtype; follows the bias when there is one (see weight_dtype)
+        self._weight_dtype = torch.get_default_dtype() if dtype is None else dtype
         fmt, block = qconfig.weights_config.elem_dtype, qconfig.weights_config.block_size
         self.register_buffer("weight_scale", torch.empty(
             out_features, -(-in_features // block), dtype=torch.uint8, device=device))
@@ -118,6 +119,24 @@ class MXInferenceLinear(nn.Module):
         return new
 
     @property
+    def weight_dtype(self) -> torch.dtype:
+        """The weight's logical (high-precision) dtype: the bias's dtype when there is a bias
+        (so it follows .to(dtype), .half(), load_state_dict(assign=True)); otherwise the dtype
+        given at construction, updated by module dtype conversions (.to/.half/.bfloat16)."""
+        return self.bias.dtype if self.bias is not None else self._weight_dtype
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.bias is not None:
+            self._weight_dtype = self.bias.dtype
+        else:  # the uint8 buffers carry no float dtype: see what fn does to one
+            try:
+                self._weight_dtype = fn(torch.empty(0, dtype=self._weight_dtype)).dtype
+            except Exception:  # noqa: BLE001 - an fn that cannot take a probe: keep the dtype
+                pass
+        return self
+
+    @property
     def weight(self) -> MXTensor:
         """The packed weight as an MXTensor of logical dtype `weight_dtype` (no copy)."""
         return self._weight_mx(self.weight_dtype)
@@ -132,22 +151,29 @@ class MXInferenceLinear(nn.Module):
                         shape=(self.out_features, self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y = F.linear(x quantized per activations_config, weight, bias) in x's dtype: the
+        packed weight is viewed in x's dtype and the bias cast to it (any of fp32, bf16, fp16
+        input works whatever the layer's weight_dtype)."""
         args.check_high_precision_input(x, "input")
-        weight_mx = self._weight_mx(x.dtype)
         bias = self.bias
-        act = self.qconfig.activations_config
-        if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
-            return _PackedLinearFunction.apply(x, weight_mx, bias, act)
-        return _packed_linear(x, weight_mx, bias, act)
+        if bias is not None and bias.dtype != x.dtype:
+            bias = bias.to(x.dtype)  # differentiable: the gradient reaches the bias in its dtype
+        return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
+                                           self.qconfig.activations_config)
 
     def to_float(self, dtype: Optional[torch.dtype] = None) -> nn.Linear:
-        """A plain nn.Linear holding the dequantized weight (in `dtype`, default weight_dtype)
-        and sharing this layer's bias."""
+        """A plain nn.Linear holding the dequantized weight in `dtype` (default weight_dtype).
+        Its bias is this layer's (shared) when it has that dtype, else a copy cast to it, so
+        the weight and bias always share one dtype."""
         dtype = self.weight_dtype if dtype is None else dtype
         with torch.device("meta"):
             linear = nn.Linear(self.in_features, self.out_features, self.bias is not None)
         linear.weight = nn.Parameter(self._weight_mx(dtype).dequantize())
-        linear.bias = self.bias
+        if self.bias is not None and self.bias.dtype != dtype:
+            linear.bias = nn.Parameter(self.bias.detach().to(dtype),
+                                       requires_grad=self.bias.requires_grad)
+        else:
+            linear.bias = self.bias
         linear.train(self.training)
         return linear
 
@@ -161,7 +187,15 @@ class MXInferenceLinear(nn.Module):
             raise ValueError(f"{self._describe()}: unrecognized extra state in the checkpoint "
                              f"(expected a torchmx MXInferenceLinear state, version "
                              f"{_EXTRA_STATE_VERSION}): {state!r}")
-        theirs = QLinearConfig.load_from_dict(state["qconfig"])
+        if not isinstance(state.get("qconfig"), dict):
+            raise ValueError(f"{self._describe()}: the checkpoint's extra state has no 'qconfig' "
+                             f"dict (expected {{'version': {_EXTRA_STATE_VERSION}, 'qconfig': "
+                             f"{{...}}}}): {state!r}")
+        try:
+            theirs = QLinearConfig.load_from_dict(state["qconfig"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{self._describe()}: invalid quantization config in the "
+                             f"checkpoint's extra state: {e}") from None
         if theirs != self.qconfig:
             raise ValueError(f"{self._describe()}: the checkpoint was quantized with "
                              f"[{describe_qconfig(theirs)}], this layer with "
