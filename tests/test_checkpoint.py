@@ -14,7 +14,7 @@ from torch import nn
 
 from torchmx.config import MXConfig, QLinearConfig
 from torchmx.quant_api import quantize_linear_
-from torchmx.serialization import load_safetensors, save_safetensors
+from torchmx.serialization import load_safetensors, read_safetensors, save_safetensors
 
 FP4 = QLinearConfig(MXConfig("float4_e2m1"), MXConfig("float8_e4m3"))
 INT8 = QLinearConfig(MXConfig("int8", 16), None)
@@ -156,6 +156,11 @@ def test_corrupted_checkpoints(tmp_path):
     flipped.write_bytes(bytes(blob))
     with pytest.raises(ValueError, match="corrupted: checksum mismatch for"):
         load_safetensors(build(), flipped)
+    with pytest.raises(ValueError, match="corrupted: checksum mismatch for"):
+        read_safetensors(flipped)  # what `torchmx inspect` reads safetensors files with
+    from torchmx.inspect_checkpoint import read_state
+    with pytest.raises(ValueError, match="corrupted: checksum mismatch for"):
+        read_state(flipped)
 
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(bytes(blob[: len(blob) // 2]))
@@ -197,3 +202,15 @@ def test_non_strict_load_into_meta_model_refuses_to_leave_meta_tensors(tmp_path)
     real = build(seed=1)
     real.add_module("extra", nn.Linear(8, 8))
     load_safetensors(real, path, strict=False)  # not meta: the extra layer keeps its values
+
+
+def test_read_safetensors_without_a_model(tmp_path):
+    model = build()
+    path = tmp_path / "m.safetensors"
+    save_safetensors(model, path, metadata={"note": "hi"})
+    tensors, extra, metadata = read_safetensors(path)
+    state = model.state_dict()
+    assert set(tensors) | set(extra) == set(state)
+    assert all(torch.equal(tensors[k], state[k]) for k in tensors)
+    assert extra["0._extra_state"] == state["0._extra_state"]
+    assert metadata["note"] == "hi" and metadata["torchmx.format"] == "torchmx"

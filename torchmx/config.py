@@ -69,6 +69,24 @@ class MXConfig(_DictRoundTrip):
     def elem_dtype(self) -> dtypes.DType:
         return dtypes.from_name(self.elem_dtype_name)
 
+    def quantize(self, x, block_dim: int = -1):
+        """(scale_u8, data) of x quantized per this config with blocks along `block_dim`:
+        `torch.ops.torchmx.quantize_mx` with this config's options (plain tensors: traces
+        into any graph)."""
+        import torch
+
+        return torch.ops.torchmx.quantize_mx(x, self.elem_dtype_name, self.block_size,
+                                             scale_mode=self.scale_mode, rounding=self.rounding,
+                                             block_dim=block_dim)
+
+    def to_mx(self, x, block_dim: int = -1):
+        """x quantized per this config with blocks along `block_dim`, as an MXTensor of x's
+        dtype (`MXTensor.to_mx` with this config's options)."""
+        from .mx_tensor import MXTensor
+
+        return MXTensor.to_mx(x, self.elem_dtype_name, self.block_size, scale_mode=self.scale_mode,
+                              rounding=self.rounding, block_dim=block_dim)
+
 
 def _check_optional_config(value, name: str) -> None:
     if value is not None and not isinstance(value, MXConfig):

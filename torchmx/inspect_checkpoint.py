@@ -7,7 +7,6 @@ recognized by their `<layer>.weight_scale` / `<layer>.weight_data` uint8 pair an
 """
 
 import collections
-import json
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -25,15 +24,9 @@ def read_state(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, dict], st
     with path.open("rb") as f:
         head = f.read(16)
     if path.suffix == ".safetensors" or (len(head) >= 9 and head[8:9] == b"{"):
-        from safetensors import SafetensorError, safe_open
+        from .serialization import read_safetensors
 
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                metadata = f.metadata() or {}
-                tensors = {key: f.get_tensor(key) for key in f.keys()}
-        except (SafetensorError, OSError) as error:
-            raise ValueError(f"{path}: not a readable safetensors file ({error})") from None
-        extra = json.loads(metadata.get("torchmx.extra_state", "{}"))
+        tensors, extra, _ = read_safetensors(path)  # checksums and format version checked
         return tensors, extra, "safetensors"
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -44,6 +37,13 @@ def read_state(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, dict], st
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     extra = {k: v for k, v in state.items() if k.endswith(_EXTRA)}
     return tensors, extra, "torch"
+
+
+def _bytes(tensors) -> int:
+    """Bytes of the tensors, each (tied) tensor counted once (as quant_api.model_bytes)."""
+    from .quant_api import tensor_bytes
+
+    return tensor_bytes(tensors)
 
 
 def _mx_layer(name: str, scale: torch.Tensor, data: torch.Tensor, config: dict) -> str:
@@ -77,7 +77,7 @@ def describe(path: Path) -> str:
     layers = sorted(key[: -len(_SCALE)] for key in tensors
                     if key.endswith(_SCALE) and key[: -len(_SCALE)] + _DATA in tensors)
     mx_keys = {layer + suffix for layer in layers for suffix in (_SCALE, _DATA)}
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    total = _bytes(tensors.values())
     lines = [f"{path} ({kind}): {len(tensors)} tensors, {total:,} bytes, {len(layers)} MX layers"]
     if layers:
         lines += ["", "MX layers:"]

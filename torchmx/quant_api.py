@@ -74,10 +74,15 @@ class QuantizationSummary:
         return "\n".join(lines)
 
 
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the tensors, each tensor object counted once."""
+    unique = {id(t): t for t in tensors}
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
+
 def model_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters and buffers (each shared tensor counted once)."""
-    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    return tensor_bytes((*model.parameters(), *model.buffers()))
 
 
 def _compile_patterns(patterns: Patterns, arg: str) -> List[re.Pattern]:

@@ -19,14 +19,14 @@ quantize call (on the meta device too: its tensors are then assigned, not copied
 import json
 import os
 import zlib
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-__all__ = ["save_safetensors", "load_safetensors"]
+__all__ = ["save_safetensors", "load_safetensors", "read_safetensors"]
 
 FORMAT = "torchmx"
 FORMAT_VERSION = "1"
@@ -90,8 +90,13 @@ def save_safetensors(model: nn.Module, path: PathLike, *,
     save_file(tensors, os.fspath(path), metadata=header)
 
 
-def _read(path: PathLike):
-    """(tensors, metadata) of a torchmx safetensors file, checksums verified."""
+def read_safetensors(path: PathLike) -> Tuple[Dict[str, torch.Tensor], Dict[str, object], Dict[str, str]]:
+    """Read a save_safetensors file without a model: (tensors, extra states, metadata).
+
+    `tensors` maps every state_dict key to its tensor (tied keys to the same tensor), `extra`
+    every `..._extra_state` key to its value, `metadata` the whole header. Raises ValueError
+    when the file is unreadable, not a torchmx checkpoint, of another format version, or
+    corrupted (metadata, checksums, aliases)."""
     path = os.fspath(path)
     try:
         with safe_open(path, framework="pt") as f:
@@ -122,8 +127,13 @@ def _read(path: PathLike):
         if target not in tensors:
             raise ValueError(f"{path}: corrupted: {key!r} is tied to missing tensor {target!r}")
         state[key] = tensors[target]
-    state.update(extra)
-    return state, metadata
+    return state, extra, metadata
+
+
+def _read(path: PathLike):
+    """(state_dict with extra states, metadata) of a torchmx safetensors file."""
+    tensors, extra, metadata = read_safetensors(path)
+    return {**tensors, **extra}, metadata
 
 
 def _listed(names) -> str:

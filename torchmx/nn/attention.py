@@ -38,10 +38,7 @@ _UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
 
 def _to_mx(x: torch.Tensor, config: MXConfig, block_dim: int) -> MXTensor:
     """x quantized per config, relabelled to fp32 so the matmuls return fp32 (exact)."""
-    x_mx = MXTensor.to_mx(x, config.elem_dtype_name, config.block_size,
-                          scale_mode=config.scale_mode, rounding=config.rounding,
-                          block_dim=block_dim)
-    return x_mx.to(torch.float32)
+    return config.to_mx(x, block_dim).to(torch.float32)
 
 
 def _apply_mask(scores, attention_mask, causal: bool):

@@ -17,9 +17,7 @@ def fake_quantize(x: torch.Tensor, config: Optional[MXConfig], block_dim: int = 
     if config is None:
         return x
     n = 1 if x.dim() == 0 else x.shape[block_dim]
-    scale, data = torch.ops.torchmx.quantize_mx(
-        x, config.elem_dtype_name, config.block_size, scale_mode=config.scale_mode,
-        rounding=config.rounding, block_dim=block_dim)
+    scale, data = config.quantize(x, block_dim)
     out = torch.ops.torchmx.dequantize_mx(data, scale, config.elem_dtype_name, config.block_size,
                                           x.dtype, block_dim, block_dim_size=n)
     return out.reshape(x.shape)

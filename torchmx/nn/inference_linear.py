@@ -53,9 +53,7 @@ class _PackedLinearFunction(torch.autograd.Function):
 
 def _packed_linear(x, weight_mx, bias, activations_config):
     if activations_config is not None:
-        x = MXTensor.to_mx(x, activations_config.elem_dtype_name, activations_config.block_size,
-                           scale_mode=activations_config.scale_mode,
-                           rounding=activations_config.rounding, block_dim=-1)
+        x = activations_config.to_mx(x, -1)
     return F.linear(x, weight_mx, bias)
 
 
@@ -108,10 +106,7 @@ class MXInferenceLinear(nn.Module):
         with torch.device("meta"):
             new = cls(linear.in_features, linear.out_features, linear.bias is not None,
                       dtype=weight.dtype, qconfig=qconfig)
-        cfg = qconfig.weights_config
-        scale, data = torch.ops.torchmx.quantize_mx(
-            weight, cfg.elem_dtype_name, cfg.block_size, scale_mode=cfg.scale_mode,
-            rounding=cfg.rounding, block_dim=-1)
+        scale, data = qconfig.weights_config.quantize(weight, -1)
         new.weight_scale = scale
         new.weight_data = data.view(torch.uint8)
         new.bias = linear.bias
