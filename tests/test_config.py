@@ -63,3 +63,20 @@ def test_bad_configs(make, error, words):
     with pytest.raises(error) as info:
         make()
     assert words in str(info.value)
+
+
+def test_mxconfig_quantize_and_to_mx_use_its_options():
+    import torch
+
+    from torchmx import MXTensor
+
+    cfg = MXConfig("float6_e2m3", 16, scale_mode="rceil")
+    x = torch.randn(4, 48, generator=torch.Generator().manual_seed(0))
+    scale, data = cfg.quantize(x, 0)
+    ref_scale, ref_data = torch.ops.torchmx.quantize_mx(x, "float6_e2m3", 16, scale_mode="rceil",
+                                                        block_dim=0)
+    assert torch.equal(scale, ref_scale) and torch.equal(data, ref_data)
+    mx = cfg.to_mx(x, -1)
+    ref = MXTensor.to_mx(x, "float6_e2m3", 16, scale_mode="rceil")
+    assert isinstance(mx, MXTensor) and mx.dtype == x.dtype
+    assert torch.equal(mx.dequantize(), ref.dequantize())
