@@ -25,16 +25,23 @@ def main() -> None:
     err = (w_mx.dequantize().float() - w.float()).norm() / w.float().norm()
     print(f"relative error of MXFP4: {err:.3f}")
 
-    # Views keep MX storage; a slice that cuts a block dequantizes (plain tensor).
+    # Views keep MX storage; a slice that cuts a block dequantizes (plain tensor). Strides are
+    # those of the same view of a plain tensor; .contiguous() compacts a strided slice.
     print("w_mx.t():", type(w_mx.t()).__name__, "| w_mx[:, 32:96]:", type(w_mx[:, 32:96]).__name__,
           "| w_mx[:, 3:10]:", type(w_mx[:, 3:10]).__name__)
+    half = w_mx[:, 32:96]
+    print("w_mx[:, 32:96] strides", half.stride(), "contiguous:", half.is_contiguous(),
+          "-> .contiguous() data", tuple(half.contiguous()._data.shape))
 
-    # Matmuls: exact dequantized operands, fp32 accumulation, one rounding to bf16.
+    # Matmuls: exact dequantized operands, fp32 accumulation, the bias added in fp32, one
+    # rounding to bf16 -- one custom op, torch.ops.torchmx.mx_matmul, in eager, compile, export.
     x = torch.randn(8, 256, dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(64, dtype=torch.bfloat16)
     x_mx = MXTensor.to_mx(x, "float8_e4m3", 32)
-    y = F.linear(x_mx, w_mx)
-    exact = (x_mx.dequantize(torch.float32) @ w_mx.dequantize(torch.float32).t()).bfloat16()
-    print("linear == exact product:", torch.equal(y, exact))
+    y = F.linear(x_mx, w_mx, bias)
+    exact = (x_mx.dequantize(torch.float32) @ w_mx.dequantize(torch.float32).t()
+             + bias.float()).bfloat16()
+    print("linear == exact product + bias, rounded once:", torch.equal(y, exact))
 
     # Straight-through gradients flow back to the high-precision input. The backward multiplies
     # the gradient by w_mx along its N dim, which MX hardware could not: exact, but torchmx warns
@@ -46,7 +53,7 @@ def main() -> None:
           [w.category.__name__ for w in caught])
 
     # torch.compile: one graph, same bits as eager.
-    compiled = torch.compile(lambda a: F.linear(MXTensor.to_mx(a, "float8_e4m3"), w_mx),
+    compiled = torch.compile(lambda a: F.linear(MXTensor.to_mx(a, "float8_e4m3"), w_mx, bias),
                              fullgraph=True, backend="aot_eager")
     print("compiled == eager:", torch.equal(compiled(x.detach()), y.detach()))
 

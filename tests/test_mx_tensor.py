@@ -123,6 +123,10 @@ def _parts():
     (dict(scale_e8m0_bits=torch.zeros(4, 2)), TypeError, "scale_e8m0_bits"),
     (dict(data_bits=torch.zeros(4, 32, dtype=torch.int8)), TypeError, "data_bits"),
     (dict(scale_e8m0_bits=torch.zeros(4, 2, 1, dtype=torch.uint8)), ValueError, "same number"),
+    (dict(shape=(4, 64), padding=5), ValueError, "padding=5 disagrees with shape"),
+    (dict(shape=(4, -64)), ValueError, "non-negative"),
+    (dict(padding=True), ValueError, "padding"),
+    (dict(block_size=True), TypeError, "block_size"),
 ])
 def test_constructor_rejects_bad_arguments(change, error, match):
     with pytest.raises(error, match=match):
@@ -141,10 +145,33 @@ def test_constructor_rejects_bad_arguments(change, error, match):
     (lambda x: MXTensor.to_mx(x, "int8", ste="none"), ValueError, "ste"),
     (lambda x: MXTensor.to_mx(MXTensor.to_mx(x, "int8"), "int8"), TypeError, "already"),
     (lambda x: MXTensor.to_mx(x, "int8").dequantize(torch.int32), ValueError, "target_dtype"),
+    (lambda x: MXTensor.to_mx(x, "int8").to_dtype("bfloat16"), TypeError,
+     r"target_dtype must be a torch.dtype, one of torch.float32, torch.bfloat16"),
+    (lambda x: MXTensor.to_mx(x, "int8").dequantize("fp16"), TypeError, "target_dtype"),
+    (lambda x: MXTensor.to_mx(x, "int8", block_size=True), TypeError, "block_size"),
+    (lambda x: MXTensor.to_mx(x, "int8", block_size=2.0), TypeError, "block_size"),
+    (lambda x: MXTensor.to_mx(x, "int8", rounding="stochastic", seed="a"), TypeError, "seed"),
+    (lambda x: MXTensor.to_mx(x, "int8", seed=1.5), TypeError, "seed"),
+    (lambda x: MXTensor.to_mx(x, "int8", seed=True), TypeError, "seed"),
+    (lambda x: MXTensor.to_mx(x, "int8", rounding="stochastic", seed=-1), ValueError, "seed"),
+    (lambda x: MXTensor.to_mx(x, "int8", block_dim=1.0), TypeError, "block_dim"),
 ])
 def test_to_mx_rejects_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
         call(torch.randn(4, 64))
+
+
+def test_to_mx_block_dim_none_is_the_last_dim():
+    x = torch.randn(3, 5, 40)
+    mx = MXTensor.to_mx(x, "float4_e2m1", 8, block_dim=None)
+    assert mx.block_dim == 2
+    assert_bits_equal(mx.dequantize(), MXTensor.to_mx(x, "float4_e2m1", 8).dequantize())
+
+
+def test_constructor_accepts_padding_and_shape_that_agree():
+    scale, data = torch.ops.torchmx.quantize_mx(torch.randn(4, 70), "float4_e2m1", 32)
+    mx = MXTensor(scale, data, "float4_e2m1", 32, torch.float32, 26, shape=(4, 70))
+    assert mx.shape == (4, 70) and mx._padding == 26
 
 
 class _RecordDequantize(TorchDispatchMode):

@@ -5,16 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torchmx.aten_ops as aten_ops
 from formats import FORMAT_IDS, FORMATS, HP_DTYPES, bit_view, wide_range_input
 from torchmx import MXTensor, dtypes
 from torchmx.mx_tensor import FromMXConstrFunc, NoopFwToMXBw, ToMXConstrFunc
 
 
-@pytest.fixture(autouse=True)
-def quiet_layout_warning(monkeypatch):
-    # autograd's matmul backward multiplies by transposed MX operands (see docs/mx_tensor.md)
-    monkeypatch.setattr(aten_ops, "_warned", True)
+# autograd's matmul backward multiplies by transposed MX operands (see docs/mx_tensor.md)
+pytestmark = pytest.mark.filterwarnings("ignore::torchmx.mx_tensor.MXLayoutWarning")
 
 
 def assert_bits_equal(actual, expected):
@@ -140,3 +137,86 @@ def test_backward_through_views_and_fallback_ops():
     expected[:, :, 3:7] += 1
     expected += 3
     assert torch.equal(x.grad, expected)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x: NoopFwToMXBw.apply(x, "float8_e4m3", 0), ValueError, "block_size"),
+    (lambda x: NoopFwToMXBw.apply(x, "float8_e4m3", 32, 5), ValueError, "block_dim"),
+    (lambda x: NoopFwToMXBw.apply(x, "float8_e4m3", 32, -1, "bogus"), ValueError, "scale_mode"),
+    (lambda x: NoopFwToMXBw.apply(x, "float8_e4m3", 32, -1, "floor", "nearest"), ValueError,
+     "rounding"),
+    (lambda x: NoopFwToMXBw.apply(x, "fp8"), ValueError, "elem_dtype"),
+    (lambda x: NoopFwToMXBw.apply(x.double(), "float8_e4m3"), TypeError, "data_hp"),
+    (lambda x: ToMXConstrFunc.apply(x, "int8", 32, "floor", "even", -1, None, "bad"), ValueError,
+     "ste"),
+    (lambda x: ToMXConstrFunc.apply(x, "int8", True), TypeError, "block_size"),
+    (lambda x: ToMXConstrFunc.apply(x, "int8", 32, "floor", "stochastic", -1, "a"), TypeError,
+     "seed"),
+    (lambda x: FromMXConstrFunc.apply(MXTensor.to_mx(x, "int8"), torch.int8), ValueError,
+     "target_dtype"),
+    (lambda x: FromMXConstrFunc.apply(MXTensor.to_mx(x, "int8"), "float32"), TypeError,
+     "target_dtype"),
+    (lambda x: FromMXConstrFunc.apply(x, torch.float32), TypeError, "tensor_mx"),
+])
+def test_autograd_functions_validate_in_forward(call, error, match):
+    """A bad argument fails at the call, not later in backward."""
+    x = torch.randn(8, 64, requires_grad=True)
+    with pytest.raises(error, match=match):
+        call(x)
+
+
+def test_to_mx_constr_func_takes_a_generator_seed_like_to_mx():
+    x = torch.randn(8, 64, requires_grad=True)
+    out = ToMXConstrFunc.apply(x, "float4_e2m1", 32, "floor", "stochastic", -1,
+                               torch.Generator().manual_seed(1))
+    same = MXTensor.to_mx(x, "float4_e2m1", rounding="stochastic",
+                          seed=torch.Generator().manual_seed(1))
+    assert torch.equal(out._data, same._data)
+    out.dequantize().sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+
+
+def test_mx_grad_of_a_leaf_accumulation_and_the_documented_recipe():
+    """A leaf's .grad is the MXTensor NoopFwToMXBw made (torchmx 0.1.0). Accumulating into it,
+    clipping or zeroing it in place raise a ValueError that says what to do; the recipe of
+    docs/mx_tensor.md (a post-accumulate-grad hook that dequantizes it) makes all of them work."""
+    x = torch.randn(4, 64, requires_grad=True)
+
+    def backward():
+        (NoopFwToMXBw.apply(x, "float8_e4m3") * 2).sum().backward()
+
+    backward()
+    assert isinstance(x.grad, MXTensor)
+    for step in (backward, lambda: torch.nn.utils.clip_grad_norm_([x], 0.1),
+                 lambda: torch.optim.SGD([x], lr=0.1).zero_grad(set_to_none=False)):
+        with pytest.raises(ValueError, match=r"x\.grad = x\.grad\.dequantize\(\)"):
+            step()
+    x.grad = None
+    x.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", p.grad.dequantize()))
+    backward()
+    backward()
+    assert type(x.grad) is torch.Tensor and torch.equal(x.grad, torch.full_like(x, 4))
+    torch.nn.utils.clip_grad_norm_([x], 0.1)
+    torch.optim.SGD([x], lr=0.1).zero_grad(set_to_none=False)
+    assert not x.grad.any()
+
+
+@pytest.mark.parametrize("layout", ["2d", "3d", "3d_transposed"])
+def test_linear_backward_matches_plain_linear(layout):
+    """F.linear with MX operands (the torchmx::mx_linear op): gradients equal plain F.linear's
+    on the dequantized operands (exact sums: small integers), for any input layout."""
+    x = integer_input((8, 6, 64), 1)
+    x = {"2d": x[0], "3d": x, "3d_transposed": x.transpose(0, 1)}[layout].requires_grad_()
+    w = integer_input((5, 64), 2).requires_grad_()
+    b = integer_input((5,), 3).requires_grad_()
+    x_mx, w_mx = MXTensor.to_mx(x, "int8"), MXTensor.to_mx(w, "float8_e4m3")
+    out = F.linear(x_mx, w_mx, b)
+    grad = integer_input(out.shape, 4)
+    out.backward(grad)
+    refs = [t.dequantize().detach().requires_grad_() for t in (x_mx, w_mx)]
+    refs.append(b.detach().clone().requires_grad_())
+    expected = F.linear(*refs)
+    expected.backward(grad)
+    assert_bits_equal(out.detach(), expected.detach())
+    for got, ref in zip((x.grad, w.grad, b.grad), refs):
+        assert_bits_equal(got, ref.grad)

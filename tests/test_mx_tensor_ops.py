@@ -2,6 +2,8 @@
 
 Every op must equal the same op on the dequantized tensor, bit for bit, for every format."""
 
+import io
+
 import pytest
 import torch
 
@@ -162,32 +164,79 @@ def test_expand_block_dim_of_one_byte_format_shares_the_code():
     assert_same_values(out, mx.dequantize().expand(4, 10))
 
 
-def test_outer_strides_follow_the_storage_order():
-    mx = MXTensor.to_mx(torch.randn(4, 6, 64), "float4_e2m1", 16)
-    assert mx.is_contiguous() and mx.stride() == (384, 64, 1)
-    transposed = mx.transpose(1, 2)
-    assert not transposed.is_contiguous() and transposed.stride() == (384, 1, 64)
-    fixed = transposed.contiguous()
-    assert fixed.is_contiguous() and fixed._data.is_contiguous() and fixed.block_dim == 1
-    assert mx[:, :1].expand(4, 5, 64).stride() == (64, 0, 1)
+STRIDE_CASES = {
+    "base": lambda t: t,
+    "transpose": lambda t: t.transpose(1, 2),
+    "permute": lambda t: t.permute(2, 0, 1),
+    "step_slice": lambda t: t[:, ::2],
+    "block_slice": lambda t: t[..., 16:48],
+    "select": lambda t: t[:, 2],
+    "expand": lambda t: t[:, :1].expand(4, 5, 64),
+    "transposed_slice": lambda t: t.transpose(0, 2)[:, ::2],
+    "permuted_slice": lambda t: t.permute(2, 0, 1)[:, 1:3],
+    "contiguous": lambda t: t.permute(2, 0, 1)[:, 1:3].contiguous(),
+}
+
+
+@pytest.mark.parametrize("case", STRIDE_CASES)
+@pytest.mark.parametrize("fmt", [dtypes.float8_e4m3, dtypes.float4_e2m1, dtypes.float6_e3m2,
+                                 dtypes.int8], ids=str)
+def test_strides_and_contiguity_are_those_of_a_plain_tensor(fmt, case):
+    """MXTensor reports the strides the same view of a plain tensor has (storage order, stride
+    0 for broadcast dims, gaps for strided slices), so is_contiguous() is false after t() and
+    after a slice with gaps, and .contiguous() compacts the packed bytes."""
+    x = torch.randn(4, 6, 64)
+    mx, plain = STRIDE_CASES[case](MXTensor.to_mx(x, fmt, 16)), STRIDE_CASES[case](x)
+    assert isinstance(mx, MXTensor)
+    assert mx.stride() == plain.stride() and mx.is_contiguous() == plain.is_contiguous()
+    compact = mx.contiguous()
+    assert compact.is_contiguous() and compact._data.is_contiguous()
+    assert compact._scale_e8m0.is_contiguous()
+    assert compact._data.untyped_storage().nbytes() == compact._data.numel()
+    assert_same_values(compact, plain.contiguous().to(torch.float32).mul(0).add(mx.dequantize()))
+
+
+def test_contiguous_of_a_gapped_slice_saves_only_its_bytes():
+    mx = MXTensor.to_mx(torch.randn(512, 64), "float8_e4m3")
+    for view in (mx[::2], mx[:, :32]):
+        assert not view.is_contiguous()
+        buffer = io.BytesIO()
+        torch.save(view.contiguous(), buffer)
+        assert buffer.tell() < 512 * 64 * 3 // 4  # not the whole (512, 64) base
 
 
 # ------------------------------------------------------------------------------ storage ops
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 def test_to_dtype_relabels_exactly(fmt):
+    """mx.to(d) (d fp32/bf16/fp16) is an MXTensor with the same bytes whose values are
+    mx.dequantize(d): the exact values rounded once (every NaN the canonical NaN of d, as
+    dequantize writes it). Other dtypes convert the exact values once (plain result)."""
     mx = MXTensor.to_mx(wide_range_input((6, 50), torch.float16, seed=3), fmt, 16)
     exact = mx.dequantize(torch.float32)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         out = mx.to(dtype)
         assert isinstance(out, MXTensor) and out.dtype == dtype
         assert torch.equal(out._data, mx._data)
-        assert_same_values(out, exact.to(dtype))
+        assert_same_values(out, mx.dequantize(dtype))
+        assert out.isnan().any() and torch.equal(out.isnan(), exact.isnan())
     for dtype in (torch.float64, torch.float8_e4m3fn, torch.int32):
         out = mx.to(dtype)
         assert type(out) is torch.Tensor
         assert torch.equal(out.view(torch.uint8), exact.to(dtype).view(torch.uint8))
     assert_same_values(mx.double(), exact.double())
+
+
+def test_conversions_read_the_exact_values():
+    """A fp16 MXTensor can hold 65536 (ceil scale, 65504 rounded up): its logical value is inf,
+    but conversions (.to(dtype), .float(), .double(), copy_ into a plain tensor) read the exact
+    value (docs/mx_tensor.md, Conversions)."""
+    x = torch.tensor([65504.0] + [1.0] * 31, dtype=torch.float16)
+    mx = MXTensor.to_mx(x, "float8_e4m3", 32, scale_mode="ceil")
+    assert mx.dequantize()[0].item() == float("inf") and (mx + 0)[0].item() == float("inf")
+    assert mx.dequantize(torch.float32)[0].item() == 65536.0
+    assert mx.float().dequantize()[0].item() == 65536.0 and mx.double()[0].item() == 65536.0
+    assert torch.empty(32).copy_(mx)[0].item() == 65536.0
 
 
 def test_device_moves_keep_mx():
@@ -242,8 +291,14 @@ def test_copy_rules():
     assert_same_values(plain, src.dequantize(torch.bfloat16))
     for bad in (torch.randn(4, 64), MXTensor.to_mx(torch.randn(4, 64), "float8_e4m3"),
                 MXTensor.to_mx(torch.randn(4, 64), "float4_e2m1", 16)):
-        with pytest.raises(TypeError, match="copy_ into an MXTensor"):
+        with pytest.raises(ValueError, match="copy_ into an MXTensor"):
             dst.copy_(bad)
+    with pytest.raises(ValueError, match="copy_ into an MXTensor"):  # like every other write
+        dst[0] = torch.zeros(64)
+    with pytest.raises(ValueError, match="cannot write into an MXTensor"):
+        dst[0] = 1.0
+    dst[1:3] = src[1:3]  # same layout: a byte copy
+    assert_same_values(dst[1:3], src[1:3].dequantize())
 
 
 # ------------------------------------------------------------------------------ fallback policy
@@ -305,3 +360,91 @@ def test_writes_into_mx_raise():
     plain = torch.ones(4, 64)
     plain.add_(mx)  # writing into a plain tensor is fine
     assert_same_values(plain, torch.ones(4, 64) + mx.dequantize())
+
+
+# ------------------------------------------------------------------------------ bad arguments
+
+BAD_ARGUMENT_CASES = {
+    "transpose": lambda t: t.transpose(0, 5),
+    "transpose_negative": lambda t: t.transpose(-4, 0),
+    "unsqueeze": lambda t: t.unsqueeze(5),
+    "squeeze": lambda t: t.squeeze(5),
+    "squeeze_dims": lambda t: t.squeeze((0, 3)),
+    "index_select": lambda t: t.index_select(2, torch.tensor([0])),
+    "select_dim": lambda t: t.select(2, 0),
+    "select_index": lambda t: t.select(0, 9),
+    "select_block_index": lambda t: t.select(1, 64),
+    "split_dim": lambda t: t.split(2, dim=4),
+    "split_sizes_sum": lambda t: t.split([1, 1], 0),
+    "split_sizes_block_dim": lambda t: t.split([32, 16], 1),
+    "split_negative": lambda t: t.split(-1, 0),
+    "split_sizes_negative": lambda t: t.split([-1, 5], 0),
+    "chunk_dim": lambda t: t.chunk(2, 3),
+    "unbind": lambda t: t.unbind(2),
+    "narrow": lambda t: t.narrow(0, 3, 5),
+    "slice_step_zero": lambda t: torch.ops.aten.slice.Tensor(t, 0, 0, 4, 0),
+    "slice_step_negative": lambda t: torch.ops.aten.slice.Tensor(t, 1, 0, 64, -1),
+    "python_step_zero": lambda t: t[::0],
+    "stack": lambda t: torch.stack([t, t], 7),
+    "stack_shapes": lambda t: torch.stack([t, t[:2]]),
+    "cat": lambda t: torch.cat([t, t], 5),
+    "cat_shapes": lambda t: torch.cat([t, t[:, :32]], 0),
+    "view_numel": lambda t: t.view(8, 64),
+    "view_two_inferred": lambda t: t.view(-1, -1),
+    "reshape_numel": lambda t: t.reshape(3, -1),
+    "flatten": lambda t: t.flatten(0, 5),
+    "movedim": lambda t: t.movedim(0, 5),
+    "permute_length": lambda t: t.permute(0),
+    "permute_duplicate": lambda t: t.permute(0, 0),
+    "t_3d": lambda t: t[None].t(),
+    "expand_fewer": lambda t: t.expand(64),
+    "expand_mismatch": lambda t: t.expand(3, 64),
+    "expand_leading_infer": lambda t: t.expand(-1, 4, 64),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENT_CASES)
+@pytest.mark.parametrize("fmt", [dtypes.float8_e4m3, dtypes.float4_e2m1], ids=str)
+def test_bad_arguments_raise_torchs_own_error(fmt, case):
+    """Out-of-range dims, sizes that do not add up, bad steps: the error torch raises for the
+    plain tensor (same type, same message, the logical shape in it), never a silent result."""
+    op = BAD_ARGUMENT_CASES[case]
+    x = torch.randn(4, 64)
+    with pytest.raises(Exception) as plain:
+        op(x)
+    with pytest.raises(type(plain.value)) as mx:
+        op(MXTensor.to_mx(x, fmt, 16))
+    expected = str(plain.value).replace("torch.FloatTensor", "MXTensor")
+    assert str(mx.value) == expected
+
+
+def test_zero_dim_dims_follow_torch():
+    scalar = MXTensor.to_mx(torch.tensor(2.0), "float8_e4m3")
+    for op in (lambda t: t.unsqueeze(-1), lambda t: t.transpose(0, -1), lambda t: t.squeeze(0),
+               lambda t: t.unsqueeze(0)):
+        check(op, scalar, "mx")
+    for op in (lambda t: t.unsqueeze(1), lambda t: t.transpose(0, 1), lambda t: t.squeeze(1)):
+        with pytest.raises(IndexError, match="Dimension out of range"):
+            op(scalar)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_split_of_an_empty_dim_returns_the_tensor(fmt):
+    mx = MXTensor.to_mx(torch.zeros(0, 64), fmt, 16)
+    for op in (lambda t: t.split(16, 0), lambda t: t.chunk(2, 0), lambda t: t.split([0], 0),
+               lambda t: t.tensor_split(3, 0)):
+        check(op, mx, "mx")
+    assert len(mx.split(16, 0)) == 1
+
+
+def test_int8_storage_is_int8_whatever_the_constructor_got():
+    """MXINT8 codes may arrive as uint8 bit patterns (e.g. from a uint8 checkpoint buffer); the
+    MXTensor stores int8, so cat/stack with int8-backed tensors stay MX and exact."""
+    a = MXTensor.to_mx(torch.randn(4, 64), "int8")
+    b = MXTensor(a._scale_e8m0, a._data.view(torch.uint8), "int8", 32, torch.float32)
+    assert b._data.dtype == torch.int8 and b._data.data_ptr() == a._data.data_ptr()
+    for op in (lambda p, q: torch.cat([p, q]), lambda p, q: torch.stack([q, p], 1)):
+        out = op(a, b)
+        assert isinstance(out, MXTensor) and out._data.dtype == torch.int8
+        assert_same_values(out, op(a.dequantize(), b.dequantize()))
+    b.copy_(a)

@@ -9,12 +9,11 @@ multiply: the product is exact and MXLayoutWarning says so once.
 import pytest
 import torch
 
-import torchmx.aten_ops as aten_ops
-from torchmx.mx_tensor import MXLayoutWarning
+from torchmx.mx_tensor import MXLayoutWarning, reset_layout_warning
 
 
-def test_readme_usage_example(monkeypatch):
-    monkeypatch.setattr(aten_ops, "_warned", False)
+def test_readme_usage_example():
+    reset_layout_warning()
     with pytest.warns(MXLayoutWarning):
         # ---- torchmx 0.1.0 README, "Usage" (typo fixed: to_mx(y_hp, ...)) ----
         import torch

@@ -7,7 +7,8 @@ tensors with the logical tensor's dims (a 0-d tensor is stored as one element):
 - `_data`: the packed codes (fp4: 2 per byte, element 2i in the low nibble; fp6: 4 in 3 bytes;
   other formats one byte, int8 as torch.int8), the block axis holding packed_length(n) bytes.
 
-Ops on MXTensors go through the table in `aten_ops.py`; the differentiable casts are in
+Ops on MXTensors go through the table in `torchmx/mx_ops/` (F.linear and torch.matmul are
+intercepted above autograd, see __torch_function__); the differentiable casts are in
 `autograd.py`. docs/mx_tensor.md describes the design.
 """
 
@@ -16,6 +17,8 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import dtypes
+from .mx_ops import _registry, layout
+from .mx_ops.strict import MXLayoutWarning, reset_layout_warning, set_strict_matmul, strict_matmul
 from .numerics import arguments as args
 from .numerics.packing import packed_length
 
@@ -27,55 +30,13 @@ __all__ = [
     "MXLayoutWarning",
     "set_strict_matmul",
     "strict_matmul",
+    "reset_layout_warning",
     "allow_dequantize_fallback",
 ]
 
 STE_MODES = ("identity", "clipped")
 MIXED_SCALE_MODES = "mixed"  # scale_mode of a cat of MXTensors whose scale modes differ
 _REPR_VALUES = 8  # a multiple of every packing group, so the shown bytes hold whole groups
-
-# aten op (OpOverload or OpOverloadPacket) -> handler(func, args, kwargs); filled by aten_ops.py
-OP_TABLE: dict = {}
-
-
-def implements(*ops):
-    """Register the decorated function as MXTensor's implementation of the given aten ops."""
-
-    def register(handler):
-        for op in ops:
-            OP_TABLE[op] = handler
-        return handler
-
-    return register
-
-
-def _stored_shape(shape: Sequence[int]) -> list:
-    """Shape of the stored tensors: the logical shape, with a 0-d tensor stored as (1,)."""
-    return list(shape) if len(shape) else [1]
-
-
-def _storage_order(data: torch.Tensor) -> list:
-    """data's dims from outermost to innermost in memory (ties keep the logical order)."""
-    if data.is_contiguous():
-        return list(range(data.dim()))
-    return sorted(range(data.dim()), key=lambda d: -data.stride(d))
-
-
-def _outer_strides(data: torch.Tensor, shape: Sequence[int]) -> list:
-    """Strides of a dense logical tensor whose dims are ordered in memory like `data`'s dims
-    (so a transposed MXTensor reports transposed strides, like a plain tensor would).
-
-    Dims the data broadcasts (stride 0, size > 1) get stride 0, as after expand().
-    """
-    if len(shape) == 0:
-        return []
-    strides, running = [0] * len(shape), 1
-    for d in reversed(_storage_order(data)):
-        if data.stride(d) == 0 and data.size(d) != 1:
-            continue
-        strides[d] = running
-        running = running * shape[d]
-    return strides
 
 
 def _wrap(scale, data, elem_dtype, block_size, orig_dtype, block_dim, scale_mode, shape,
@@ -85,7 +46,8 @@ def _wrap(scale, data, elem_dtype, block_size, orig_dtype, block_dim, scale_mode
     self = torch.Tensor._make_wrapper_subclass(
         MXTensor,
         shape,
-        strides=_outer_strides(data, shape) if strides is None else strides,
+        strides=(layout.outer_strides(data, shape, block_dim, elem_dtype) if strides is None
+                 else strides),
         dtype=orig_dtype,
         device=data.device,
         requires_grad=False,
@@ -102,7 +64,8 @@ def _wrap(scale, data, elem_dtype, block_size, orig_dtype, block_dim, scale_mode
 
 def _check_parts(scale, data, elem_dtype, block_size, orig_dtype, padding, block_dim, scale_mode,
                  shape):
-    """Validate the constructor's arguments; returns (format, block axis, logical shape)."""
+    """Validate the constructor's arguments; returns (format, block axis, logical shape, data)
+    with MXINT8 data viewed as torch.int8 (uint8 bit patterns are accepted)."""
     elem_dtype = args.check_elem_dtype(elem_dtype)
     args.check_tensor(scale, "scale_e8m0_bits")
     args.check_tensor(data, "data_bits")
@@ -116,6 +79,8 @@ def _check_parts(scale, data, elem_dtype, block_size, orig_dtype, padding, block
     if data.dtype not in allowed:
         raise TypeError(f"data_bits of {elem_dtype.name} must have dtype "
                         f"{' or '.join(map(str, allowed))}, got {data.dtype}")
+    if elem_dtype.kind == "int":
+        data = data.view(torch.int8)  # one storage dtype per format: cat/stack/copy_ need it
     if data.device != scale.device:
         raise ValueError(f"data_bits and scale_e8m0_bits must be on one device, got "
                          f"{data.device} and {scale.device}")
@@ -123,29 +88,33 @@ def _check_parts(scale, data, elem_dtype, block_size, orig_dtype, padding, block
         raise ValueError("data_bits and scale_e8m0_bits must have the same number (>= 1) of dims, "
                          f"got shapes {tuple(data.shape)} and {tuple(scale.shape)}")
     axis = args.normalize_block_dim(-1 if block_dim is None else block_dim, data.dim())
+    blocks = scale.shape[axis]
+    if padding is not None and (not args.is_int(padding)
+                                or not 0 <= padding < (block_size if blocks else 1)):
+        raise ValueError(f"padding must be an int in [0, block_size - 1] = "
+                         f"[0, {block_size - 1}] (0 without blocks), got {padding!r}")
     if shape is None:
-        blocks = scale.shape[axis]
-        if not args.is_int(padding) or not 0 <= padding < (block_size if blocks else 1):
-            raise ValueError(f"padding must be an int in [0, block_size - 1] = "
-                             f"[0, {block_size - 1}] (0 without blocks), got {padding!r}")
         shape = list(data.shape)
-        shape[axis] = blocks * block_size - padding
+        shape[axis] = blocks * block_size - (padding or 0)
     else:
         shape = list(shape)
-        if len(_stored_shape(shape)) != data.dim():
+        if not all(args.is_int(s) and s >= 0 for s in shape):
+            raise ValueError(f"shape must be a sequence of non-negative ints, got {tuple(shape)}")
+        if len(layout.stored_shape(shape)) != data.dim():
             raise ValueError(f"shape {tuple(shape)} must have data_bits' number of dims "
                              f"({data.dim()}), or be () with 1-d data_bits")
-    n = _stored_shape(shape)[axis]
-    expected_data, expected_scale = _stored_shape(shape), _stored_shape(shape)
-    expected_data[axis] = packed_length(n, elem_dtype)
-    expected_scale[axis] = -(-n // block_size)
+        implied = blocks * block_size - layout.stored_shape(shape)[axis]
+        if padding is not None and padding != implied:
+            raise ValueError(f"padding={padding} disagrees with shape={tuple(shape)} (which "
+                             f"implies padding {implied}); give one of them")
+    expected_data, expected_scale = layout.storage_shapes(shape, axis, elem_dtype, block_size)
     if list(data.shape) != expected_data or list(scale.shape) != expected_scale:
         raise ValueError(
             f"shapes do not match: data_bits {tuple(data.shape)} and scale_e8m0_bits "
             f"{tuple(scale.shape)} cannot hold a {elem_dtype.name} tensor of shape {tuple(shape)} "
             f"in blocks of {block_size} along block_dim {axis} (expected data "
             f"{tuple(expected_data)}, scale {tuple(expected_scale)})")
-    return elem_dtype, axis, shape
+    return elem_dtype, axis, shape, data
 
 
 class MXTensor(torch.Tensor):
@@ -154,7 +123,8 @@ class MXTensor(torch.Tensor):
     Build one with `MXTensor.to_mx(data_hp, elem_dtype, block_size)`. The constructor keeps
     torchmx 0.1.0's arguments: `padding` is blocks * block_size - n, the zeros that complete the
     last block along `block_dim` (default: the last dim). `shape` (keyword) gives the logical
-    shape instead of `padding`, and is how a 0-d MXTensor is built.
+    shape instead of `padding` (giving both is allowed only when they agree), and is how a 0-d
+    MXTensor is built. MXINT8 data may be int8 or its uint8 bit pattern (stored as int8).
     """
 
     _scale_e8m0: torch.Tensor
@@ -173,26 +143,33 @@ class MXTensor(torch.Tensor):
         elem_dtype: Union[dtypes.DType, str],
         block_size: int,
         orig_dtype: torch.dtype,
-        padding: int = 0,
+        padding: Optional[int] = None,
         block_dim: Optional[int] = None,
         *,
         scale_mode: str = "floor",
         shape: Optional[Sequence[int]] = None,
     ):
-        elem_dtype, axis, shape = _check_parts(scale_e8m0_bits, data_bits, elem_dtype, block_size,
-                                               orig_dtype, padding, block_dim, scale_mode, shape)
+        elem_dtype, axis, shape, data_bits = _check_parts(
+            scale_e8m0_bits, data_bits, elem_dtype, block_size, orig_dtype, padding, block_dim,
+            scale_mode, shape)
         return _wrap(scale_e8m0_bits, data_bits, elem_dtype, block_size, orig_dtype, axis,
                      scale_mode, shape)
 
-    # Results of ops are plain tensors unless an op of the table builds an MXTensor.
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """F.linear and torch.matmul (`@`) with an MX argument run as one custom op
+        (torch.ops.torchmx.mx_linear / mx_matmul, mx_ops/matmul.py), whatever the layout, in
+        eager, torch.compile and export alike. Everything else dispatches normally; results
+        are plain tensors unless an op of the table builds an MXTensor."""
+        handler = _registry.TORCH_FUNCTIONS.get(func)
+        if handler is not None:
+            return handler(func, args, kwargs or {})
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        handler = OP_TABLE.get(func) or OP_TABLE.get(func.overloadpacket)
-        if handler is None:
-            handler = _aten_ops.dequantize_fallback
-        return handler(func, args, kwargs or {})
+        return _registry.aten_handler(func)(func, args, kwargs or {})
 
     # ---------------------------------------------------------------- metadata
 
@@ -265,7 +242,7 @@ class MXTensor(torch.Tensor):
         *,
         scale_mode: str = "floor",
         rounding: str = "even",
-        block_dim: int = -1,
+        block_dim: Optional[int] = -1,
         seed: Union[int, torch.Generator, None] = None,
         ste: str = "identity",
     ) -> "MXTensor":
@@ -273,19 +250,16 @@ class MXTensor(torch.Tensor):
 
         The backward is the straight-through estimator: `ste="identity"` passes the gradient
         unchanged, `ste="clipped"` zeroes it where the input saturated (|x| above the block's
-        largest representable magnitude). Other arguments as in torch.ops.torchmx.quantize_mx.
+        largest representable magnitude). Other arguments as in torch.ops.torchmx.quantize_mx;
+        `block_dim=None` means the last dim. Arguments are validated by ToMXConstrFunc; only
+        what cannot enter a graph (a DType object, a torch.Generator) is resolved here.
         """
-        elem_dtype = args.check_elem_dtype(elem_dtype)
         if isinstance(data_hp, MXTensor):
             raise TypeError("data_hp is already an MXTensor; call .dequantize() first to "
                             "requantize")
-        args.check_high_precision_input(data_hp)
-        if ste not in STE_MODES:
-            raise ValueError(f"ste must be one of {', '.join(STE_MODES)}; got {ste!r}")
-        if isinstance(seed, torch.Generator):
-            seed = args.resolve_seed(seed, rounding)
-        return _to_mx(data_hp, elem_dtype.name, block_size, scale_mode, rounding, block_dim, seed,
-                      ste)
+        name = args.check_elem_dtype(elem_dtype).name
+        return _to_mx(data_hp, name, block_size, scale_mode, rounding, block_dim,
+                      _autograd.resolve_seed(seed, rounding), ste)
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The exact MX values, rounded once to `dtype` (default: the logical dtype).
@@ -327,7 +301,7 @@ class MXTensor(torch.Tensor):
         row = [0] * self._data.dim()
         row[self._block_dim] = slice(0, packed_length(n, self._elem_dtype))
         data = self._data[tuple(row)]
-        row[self._block_dim] = slice(0, -(-n // self._block_size))
+        row[self._block_dim] = slice(0, layout.ceil_div(n, self._block_size))
         scale = self._scale_e8m0[tuple(row)]
         with torch.no_grad():
             values = torch.ops.torchmx.dequantize_mx(
@@ -366,10 +340,10 @@ def quantize(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_d
 def dequantize(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
     """The exact values of `tensor` rounded once to `dtype` (no autograd).
 
-    The result's memory order follows the storage's (a transposed MXTensor dequantizes to a
-    transposed tensor, as its strides say), so no packed data is reordered.
+    The result is dense, its dims in the storage's memory order (a transposed MXTensor
+    dequantizes to a transposed tensor), so no packed data is reordered.
     """
-    order = _storage_order(tensor._data)
+    order = layout.storage_order(tensor._data)
     data, scale, axis = tensor._data, tensor._scale_e8m0, tensor._block_dim
     if order != sorted(order):
         data, scale, axis = data.permute(order), scale.permute(order), order.index(axis)
@@ -382,6 +356,7 @@ def dequantize(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 # The autograd functions and the op table import this module: import them last.
+from . import autograd as _autograd  # noqa: E402
 from .autograd import FromMXConstrFunc, NoopFwToMXBw, ToMXConstrFunc  # noqa: E402
 
 
@@ -396,10 +371,5 @@ def _from_mx(tensor, dtype):
     return FromMXConstrFunc.apply(tensor, dtype)
 
 
-from . import aten_ops as _aten_ops  # noqa: E402
-from .aten_ops import (  # noqa: E402
-    MXLayoutWarning,
-    allow_dequantize_fallback,
-    set_strict_matmul,
-    strict_matmul,
-)
+from .mx_ops import fallback, matmul, storage, views  # noqa: E402,F401  (registers the table)
+from .mx_ops.fallback import allow_dequantize_fallback  # noqa: E402

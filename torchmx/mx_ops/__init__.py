@@ -1,0 +1,15 @@
+"""MXTensor's op table, one concern per module.
+
+- `_registry`: which handler runs an aten op (or an intercepted torch function) on MXTensors.
+- `layout`: pure block-placement arithmetic (storage shapes, dims, which views keep blocks whole).
+- `storage`: detach/clone/`.to`/pin_memory/copy_/`*_like` (exact by construction).
+- `views`: view/reshape/permute/expand/slice/select/split/cat/stack, moving scale bytes and
+  packed codes without requantizing.
+- `matmul`: the custom op `torch.ops.torchmx.mx_matmul` (exact product of the dequantized
+  operands, fp32 accumulation, one rounding) and every matmul routed to it.
+- `strict`: the reduction-dim layout warning (`MXLayoutWarning`) and its strict switch.
+- `fallback`: the allow-list of ops that run on dequantized values; refusal of writes.
+
+`torchmx.mx_tensor` imports the handler modules at its end (they need the MXTensor class);
+`torchmx.aten_ops` (where the table used to live) re-exports the public names.
+"""
