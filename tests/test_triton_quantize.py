@@ -1,0 +1,353 @@
+"""The Triton kernels (torchmx/kernels) equal the reference numerics bit for bit.
+
+On a machine with a CUDA GPU the kernels run on it. Without one they run on CPU tensors through
+Triton's interpreter (TRITON_INTERPRET=1, set when this module is imported, before Triton is,
+and restored after it), on small shapes: that is how CI, which has no GPU, covers every option.
+
+Reference results are computed on CPU. Dequantized NaNs are compared as NaN, not by payload:
+the reference's own NaN bits depend on the platform (x86 keeps an operand's NaN, CUDA returns
+its canonical NaN), and the contract only says NaN.
+"""
+
+import itertools
+import os
+import subprocess
+import sys
+import zlib
+
+import pytest
+import torch
+
+_SAVED_INTERPRET = os.environ.get("TRITON_INTERPRET")
+# Triton decides interpreter or GPU when a function is decorated, its own library functions too
+# (triton.language): the variable must be set before Triton is first imported. When another
+# test module imported it first (in one pytest session), this module re-runs in a fresh process.
+_LATE = "triton.language" in sys.modules and _SAVED_INTERPRET != "1"
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+triton = pytest.importorskip("triton")
+
+from formats import FORMAT_IDS, FORMATS, HP_DTYPES, ROUNDINGS, SCALE_MODES, bit_view, wide_range_input  # noqa: E402
+from torchmx import dtypes  # noqa: E402
+from torchmx.kernels import triton_backend as tb  # noqa: E402
+from torchmx.numerics import dequantize_mx_reference, pack_codes, quantize_mx_reference  # noqa: E402
+
+GPU = torch.cuda.is_available()
+INTERPRET = not GPU and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+RERUN = INTERPRET and _LATE
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _restore_triton_interpret():
+    """Leave TRITON_INTERPRET as it was for the test modules that run after this one."""
+    yield
+    if _SAVED_INTERPRET is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _SAVED_INTERPRET
+
+
+@pytest.fixture(autouse=True)
+def _only_in_a_fresh_process_when_late(request):
+    if RERUN and request.node.name != "test_this_module_in_a_fresh_interpreter_process":
+        pytest.skip("Triton was imported before TRITON_INTERPRET was set: these tests run in "
+                    "test_this_module_in_a_fresh_interpreter_process")
+
+
+@pytest.mark.skipif(not RERUN, reason="this process runs the tests itself")
+def test_this_module_in_a_fresh_interpreter_process():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"],
+                         env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
+
+
+# The full matrix (as on a GPU) also under the interpreter: TORCHMX_TEST_FULL=1 (slow).
+FULL = GPU or os.environ.get("TORCHMX_TEST_FULL") == "1"
+# The interpreter computes masked-off lanes too, where integer casts may overflow harmlessly.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+DEVICE = "cuda" if GPU else "cpu"
+if not GPU and not INTERPRET:
+    pytest.skip("no GPU and the Triton interpreter is off (TRITON_INTERPRET)", allow_module_level=True)
+
+# Formats beyond the shared list: a negative emax (max < 1) and emax = 127 (steps below 2**-126).
+EXTRA_FORMATS = (dtypes.ExMy(3, 2, bias=10), dtypes.ExMy(7, 0, bias=0))
+ALL_FORMATS = FORMATS + EXTRA_FORMATS
+ALL_IDS = FORMAT_IDS + [f.name for f in EXTRA_FORMATS]
+
+
+def canonical(t: torch.Tensor) -> torch.Tensor:
+    """Bits of a float tensor with every NaN replaced by one NaN (bytes pass through)."""
+    t = t.cpu()
+    if t.is_floating_point():
+        t = torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t)
+        return bit_view(t)
+    return t
+
+
+def assert_same(expected, got, what=""):
+    assert expected.dtype == got.dtype, (what, expected.dtype, got.dtype)
+    assert tuple(expected.shape) == tuple(got.shape), (what, expected.shape, got.shape)
+    assert got.is_contiguous()
+    e, g = canonical(expected), canonical(got)
+    if not torch.equal(e, g):
+        bad = (e != g).nonzero()[:5].tolist()
+        raise AssertionError(f"{what}: {(e != g).sum()} of {e.numel()} differ, first at {bad}")
+
+
+def check_quantize(x, fmt, block_size, scale_mode="floor", rounding="even", axis=-1, seed=1234):
+    """Kernel vs reference on the same input; returns the reference (scale, data)."""
+    x_cpu = x.cpu()
+    expected = quantize_mx_reference(x_cpu, fmt, block_size, scale_mode=scale_mode,
+                                     rounding=rounding, block_dim=axis, seed=seed)
+    got = tb.quantize(x.to(DEVICE) if x.device.type != DEVICE else x, fmt, block_size,
+                      scale_mode, rounding, axis % max(x.dim(), 1), seed)
+    what = f"{fmt.name} B={block_size} {scale_mode}/{rounding} axis={axis} {x.dtype} {tuple(x.shape)}"
+    assert_same(expected[0], got[0], "scale " + what)
+    assert_same(expected[1], got[1], "data " + what)
+    return expected
+
+
+def check_dequantize(scale, data, fmt, block_size, target, axis, n):
+    expected = dequantize_mx_reference(data.cpu(), scale.cpu(), fmt, block_size, target, axis,
+                                       block_dim_size=n)
+    got = tb.dequantize(data.to(DEVICE), scale.to(DEVICE), fmt, block_size, target,
+                        axis % data.dim(), n)
+    assert_same(expected, got, f"dequantize {fmt.name} B={block_size} axis={axis} -> {target}")
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=ALL_IDS)
+@pytest.mark.parametrize("scale_mode", SCALE_MODES)
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_quantize_every_option(fmt, scale_mode, rounding):
+    # Rows kernel (last dim), cols kernel (dim 0), odd block sizes (padded tiles, packing pass).
+    cases = [(torch.float32, 32, -1), (torch.bfloat16, 8, 0), (torch.float16, 7, -1),
+             (torch.float32, 6, 0)]
+    shape = (96, 160) if GPU else (37, 67)
+    if not FULL:  # the interpreter is slow: two of the four cases, rotating
+        start = zlib.crc32(f"{fmt.name}{scale_mode}{rounding}".encode()) % 2
+        cases = cases[start::2]
+    for dtype, block_size, axis in cases:
+        x = wide_range_input(shape, dtype, seed=zlib.crc32(f"{fmt.name}{scale_mode}{rounding}".encode()))
+        check_quantize(x, fmt, block_size, scale_mode, rounding, axis)
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=ALL_IDS)
+@pytest.mark.parametrize("target", HP_DTYPES)
+def test_dequantize_every_code_and_scale(fmt, target):
+    # Every code next to every scale byte, including 0 (2**-127) and 255 (NaN), both axes.
+    codes = torch.arange(1 << fmt.bits, dtype=torch.int32)
+    n = codes.numel()
+    scale = torch.arange(256, dtype=torch.int32).to(torch.uint8).unsqueeze(1)
+    data = pack_codes(codes.expand(256, n), fmt)
+    check_dequantize(scale, data, fmt, n, target, 1, n)
+    check_dequantize(scale.t().contiguous(), data.t().contiguous(), fmt, n, target, 0, n)
+    # Small blocks: the scale changes inside a row.
+    for block_size in (2, 4, 32) if FULL else (4,):
+        if n % block_size == 0 or fmt.bits == 8:
+            s = torch.arange(256 * -(-n // block_size), dtype=torch.int64).remainder(256)
+            s = s.to(torch.uint8).view(256, -1)
+            check_dequantize(s, data, fmt, block_size, target, 1, n)
+
+
+def _every_value(dtype):
+    """Every bit pattern of a 16-bit float (NaN and Inf included), shuffled into rows of 32."""
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    perm = torch.randperm(bits.numel(), generator=torch.Generator().manual_seed(0))
+    return bits[perm].view(dtype).view(-1, 32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=ALL_IDS)
+def test_every_16_bit_value(dtype, fmt):
+    x = _every_value(dtype)
+    # Single-element blocks give every value its own scale; 32-blocks mix magnitudes.
+    cases = list(itertools.product(SCALE_MODES, [(1, -1), (32, -1), (32, 0)]))
+    if not FULL:  # the interpreter is slow: one case per format and dtype, rotating
+        cases = [cases[zlib.crc32(f"{fmt.name}{dtype}".encode()) % len(cases)]]
+    for scale_mode, (block_size, axis) in cases:
+        rounding = "even" if FULL or block_size == 1 else "stochastic"
+        scale, data = check_quantize(x, fmt, block_size, scale_mode, rounding, axis)
+        n = x.shape[axis]
+        check_dequantize(scale, data, fmt, block_size, dtype, axis, n)
+    if FULL and dtype == torch.bfloat16:
+        for rounding in ROUNDINGS:
+            check_quantize(x, fmt, 32, "floor", rounding, -1)
+
+
+SHAPES = [(), (0,), (5, 0), (0, 64), (1,), (31,), (97,), (3, 5, 7), (2, 129, 3),
+          (4096,) if GPU else (700,)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS[:6] if FULL else (FORMATS[1], FORMATS[3], FORMATS[4]), ids=str)
+def test_shapes_and_axes(shape, fmt):
+    x = wide_range_input(shape, torch.bfloat16, seed=3)
+    dims = max(len(shape), 1)
+    for axis, block_size in itertools.product(range(-dims, dims), (1, 3, 32)):
+        scale, data = check_quantize(x, fmt, block_size, "floor", "even", axis)
+        if x.dim() == 0:
+            continue
+        n = x.shape[axis]
+        check_dequantize(scale, data, fmt, block_size, torch.float32, axis, n)
+
+
+def test_non_contiguous_input():
+    base = wide_range_input((64, 96) if GPU else (32, 48), torch.float32, seed=5).to(DEVICE)
+    rows, cols = base.shape
+    views = (base.t(), base[:, ::3], base[::2].unsqueeze(0).expand(3, -1, -1),
+             base.view(4, rows // 4, cols).permute(2, 0, 1),
+             base.view(8, rows // 8, cols)[:, ::2, 1::2])
+    formats = (FORMATS[0], FORMATS[2], FORMATS[4])
+    for i, x in enumerate(views):
+        for axis in range(x.dim()):
+            for fmt in formats if FULL else formats[(i + axis) % 3:][:1]:
+                check_quantize(x, fmt, 32, "rceil", "stochastic", axis, seed=99)
+
+
+@pytest.mark.parametrize("fmt", [FORMATS[0], FORMATS[2], FORMATS[4], FORMATS[5]], ids=str)
+def test_stochastic_rounding_same_for_every_grid(fmt, monkeypatch):
+    """The random number of an element comes from its logical index: tile shapes, block axis
+    strides and launch grids do not change the result."""
+    x = wide_range_input((64, 256), torch.float32, seed=9)
+    first = check_quantize(x, fmt, 32, "floor", "stochastic", -1, seed=77)
+    monkeypatch.setitem(tb.TUNING, "quantize_rows", {"elements": 1024, "columns": 64, "num_warps": 4})
+    monkeypatch.setitem(tb.TUNING, "quantize_cols", {"elements_per_thread": 16, "num_warps": 2})
+    again = tb.quantize(x.to(DEVICE), fmt, 32, "floor", "stochastic", 1, 77)
+    assert torch.equal(first[1], again[1].cpu())
+    other_seed = tb.quantize(x.to(DEVICE), fmt, 32, "floor", "stochastic", 1, 78)
+    assert not torch.equal(first[1], other_seed[1].cpu())
+    check_quantize(x.t().contiguous().t(), fmt, 32, "floor", "stochastic", -1, seed=77)
+    check_quantize(x, fmt, 32, "floor", "stochastic", 0, seed=2**63 - 1)
+    fused = tb.quantize_rowwise_colwise(x.to(DEVICE), fmt, 32, "floor", "stochastic", 77)
+    assert torch.equal(first[1], fused[0][1].cpu())
+    # A 1-d launch grid (used past 65535 tile rows) gives the same bytes.
+    monkeypatch.setattr(tb, "_grid", lambda b, tiles_r, tiles_c: ((b * tiles_r * tiles_c,), 1))
+    check_quantize(x, fmt, 32, "floor", "stochastic", -1, seed=77)
+    check_quantize(x, fmt, 32, "rceil", "stochastic", 0, seed=77)
+    scale, data = check_quantize(x, fmt, 8, "even", "even", 0)
+    check_dequantize(scale, data, fmt, 8, torch.bfloat16, 0, x.shape[0])
+    fused = tb.quantize_rowwise_colwise(x.to(DEVICE), fmt, 32, "floor", "stochastic", 77)
+    assert torch.equal(first[1], fused[0][1].cpu())
+
+
+@pytest.mark.parametrize("fmt", [dtypes.float6_e3m2, dtypes.float6_e2m3], ids=str)
+def test_fp6_rows_word_and_byte_paths(fmt):
+    """fp6 along the last dim moves as 32-bit words when blocks and rows hold whole 16-code
+    chunks and the data is 4-byte aligned, else byte by byte: both equal the reference."""
+    for shape, block_size in (((4, 64), 16), ((5, 96), 32), ((3, 72), 8), ((4, 72), 24),
+                              ((1, 4096), 32), ((2, 40), 16)):
+        x = wide_range_input(shape, torch.bfloat16, seed=shape[1])
+        scale, data = check_quantize(x, fmt, block_size, "floor", "even", -1)
+        check_dequantize(scale, data, fmt, block_size, torch.float32, -1, shape[1])
+        got = tb.quantize_rowwise_colwise(x.to(DEVICE), fmt, block_size, "floor", "even", None)
+        assert torch.equal(got[0][0].cpu(), scale) and torch.equal(got[0][1].cpu(), data)
+    # Data at an address that is not 4-byte aligned takes the byte path.
+    buffer = torch.zeros(data.numel() + 1, dtype=torch.uint8, device=DEVICE)
+    buffer[1:] = data.to(DEVICE).flatten()
+    shifted = buffer[1:].view(data.shape)
+    assert shifted.data_ptr() % 4 != 0
+    expected = dequantize_mx_reference(data, scale, fmt, 16, torch.float32, -1)
+    assert_same(expected, tb.dequantize(shifted, scale.to(DEVICE), fmt, 16, torch.float32, 1, 40))
+
+
+FUSED_SHAPES = [(64, 96), (37, 67), (2, 3, 33, 65), (1, 1), (128, 32)]
+
+
+FUSED_FORMATS = ALL_FORMATS if FULL else (FORMATS[0], FORMATS[2], FORMATS[4], FORMATS[5], FORMATS[6])
+
+
+@pytest.mark.parametrize("fmt", FUSED_FORMATS, ids=str)
+def test_fused_rowwise_colwise_equals_two_reference_calls(fmt):
+    for i, shape in enumerate(FUSED_SHAPES):
+        dtype = HP_DTYPES[i % 3]
+        x = wide_range_input(shape, dtype, seed=i)
+        for block_size, scale_mode, rounding in [(32, "floor", "even"), (16, "rceil", "stochastic"),
+                                                 (3, "even", "away")]:
+            got = tb.quantize_rowwise_colwise(x.to(DEVICE), fmt, block_size, scale_mode, rounding, 5)
+            for axis, (scale, data) in zip((-1, -2), got):
+                expected = quantize_mx_reference(x, fmt, block_size, scale_mode=scale_mode,
+                                                 rounding=rounding, block_dim=axis, seed=5)
+                what = f"fused axis={axis} {fmt.name} {shape} B={block_size}"
+                assert_same(expected[0], scale, "scale " + what)
+                assert_same(expected[1], data, "data " + what)
+
+
+def test_fused_public_function_and_non_contiguous():
+    from torchmx.kernels import quantize_mx_rowwise_colwise
+    x = wide_range_input((96, 64), torch.bfloat16, seed=4).to(DEVICE).t()  # non-contiguous
+    for fmt in (FORMATS[0], FORMATS[2], FORMATS[4]):
+        got = tb.quantize_rowwise_colwise(x, fmt, 32, "floor", "even", None)
+        for axis, (scale, data) in zip((-1, -2), got):
+            expected = quantize_mx_reference(x.cpu(), fmt, 32, block_dim=axis)
+            assert_same(expected[0], scale)
+            assert_same(expected[1], data)
+        if GPU:  # the public function dispatches to the fused kernel on CUDA
+            public = quantize_mx_rowwise_colwise(x, fmt.name, 32)
+            for (s1, d1), (s2, d2) in zip(public, got):
+                assert torch.equal(s1, s2) and torch.equal(d1, d2)
+    with pytest.raises(ValueError, match="at least 2 dims"):
+        quantize_mx_rowwise_colwise(torch.zeros(4), "float8_e4m3")
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_ops_dispatch_to_triton_on_cuda():
+    from torchmx.ops import backend_for
+    assert backend_for(torch.device("cuda")) == "triton"
+    x = wide_range_input((128, 96), torch.bfloat16, seed=8).cuda()
+    scale, data = torch.ops.torchmx.quantize_mx(x, "float4_e2m1", 32, scale_mode="rceil")
+    expected = quantize_mx_reference(x.cpu(), "float4_e2m1", 32, scale_mode="rceil")
+    assert_same(expected[0], scale)
+    assert_same(expected[1], data)
+    out = torch.ops.torchmx.dequantize_mx(data, scale, "float4_e2m1", 32, torch.bfloat16)
+    assert_same(dequantize_mx_reference(expected[1], expected[0], "float4_e2m1", 32, torch.bfloat16), out)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_bit_arithmetic_path_equals_hardware_fp8(monkeypatch):
+    """The fp8 kernels use the hardware conversion for rounding="even"; the bit arithmetic
+    they replace must give the same bytes (both against the reference)."""
+    x = _every_value(torch.bfloat16)
+    for fmt in (dtypes.float8_e4m3, dtypes.float8_e5m2):
+        for scale_mode in SCALE_MODES:
+            monkeypatch.setenv("TORCHMX_TRITON_HW_FP8", "0")
+            scale, data = check_quantize(x, fmt, 32, scale_mode, "even", -1)
+            check_dequantize(scale, data, fmt, 32, torch.float32, -1, 32)
+            monkeypatch.setenv("TORCHMX_TRITON_HW_FP8", "1")
+            check_quantize(x, fmt, 32, scale_mode, "even", 0)
+
+
+def _free_gpu_bytes():
+    return torch.cuda.mem_get_info()[0] if GPU else 0
+
+
+@pytest.mark.skipif(_free_gpu_bytes() < 24 * 2**30, reason="needs a CUDA GPU with 24 GiB free")
+def test_more_than_2_pow_31_elements():
+    """64-bit offsets: a tensor of 2**31 + 2**20 elements, checked on slices at its far end."""
+    rows, cols = 2**16 + 32, 2**15
+    x = torch.empty(rows, cols, dtype=torch.bfloat16, device="cuda")
+    x.view(-1)[:] = 1.0
+    tail = wide_range_input((64, cols), torch.bfloat16, seed=12)
+    x[-64:] = tail.cuda()
+    assert x.numel() > 2**31
+    for fmt, axis in ((FORMATS[0], -1), (FORMATS[4], -1), (FORMATS[2], 0)):
+        scale, data = tb.quantize(x, fmt, 32, "floor", "even", axis % 2, None)
+        expected = quantize_mx_reference(tail, fmt, 32, block_dim=axis)
+        assert_same(expected[0], scale[-expected[0].shape[0]:].contiguous())
+        assert_same(expected[1], data[-expected[1].shape[0]:].contiguous())
+        out = tb.dequantize(data, scale, fmt, 32, torch.bfloat16, axis % 2, x.shape[axis])
+        assert_same(dequantize_mx_reference(expected[1], expected[0], fmt, 32, torch.bfloat16, axis,
+                                            block_dim_size=tail.shape[axis]),
+                    out[-64:].contiguous())
+        del scale, data, out
+    # A 1-d tensor whose single dim exceeds 2**31.
+    flat = x.view(-1)
+    scale, data = tb.quantize(flat, FORMATS[4], 32, "floor", "even", 0, None)
+    tail_flat = tail.view(-1)
+    expected = quantize_mx_reference(tail_flat, FORMATS[4], 32)
+    assert_same(expected[0], scale[-expected[0].numel():].contiguous())
+    assert_same(expected[1], data[-expected[1].numel():].contiguous())

@@ -1,0 +1,354 @@
+"""Triton quantize kernels: blocks along the contiguous axis ("rows"), blocks along a strided
+axis ("cols", no transpose pass), and one fused pass writing both.
+
+Every kernel sees the input as a 3-d strided view [B, R, C] and writes contiguous outputs:
+  rows:  blocks along C; scale [B, R, ceil(C / BLOCK)], data [B, R, packed(C)]
+  cols:  blocks along R; scale [B, ceil(R / BLOCK), C], data [B, packed(R), C]
+  fused: both of the above from one read of the input.
+An element's logical (row-major) index, the counter of stochastic rounding, is (b*R + r)*C + c.
+
+Packing happens in registers: along C a tile of codes is reshaped so that the codes of one
+packed group share a thread and split apart; along R the tile is loaded as CPG "phases"
+(rows r = g*CPG + p), so the codes of one group sit in the same lane of CPG tensors and combine
+elementwise. Blocks must hold whole groups (BLOCK % CPG == 0); the host packs other block sizes
+with a separate pass (see _tl_packing.py).
+"""
+
+import triton
+import triton.language as tl
+
+from ._tl_numerics import (encode, inverse_scale, load_f32, program_coordinates, scale_byte,
+                           uniform_from_index)
+
+
+@triton.jit
+def _codes(x, a, byte, index, key, HW_FP8: tl.constexpr, ROUNDING: tl.constexpr,
+           IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+           MAX_CODE: tl.constexpr, BIG_EMAX: tl.constexpr):
+    """Codes (int32) of fp32 x (|x| bits `a`) in blocks of scale byte `byte` (broadcasts).
+
+    Lanes outside the tensor hold x = 0 and get code 0, which is also what the packing of a
+    partial group needs. A NaN-scale block stores code 0.
+    """
+    inverse = inverse_scale(byte)  # y = x / 2**(byte - 127), exact
+    if HW_FP8 != 0:  # cvt.rn.satfinite: round half to even, saturate; equal to encode()
+        y = tl.where(byte == 255, 0.0, x * inverse)
+        if HW_FP8 == 1:
+            return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+        else:
+            return y.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.int32)
+    else:
+        if ROUNDING == 4:
+            uniform = uniform_from_index(key, index)
+        else:
+            uniform = 0.0
+        magnitude = a.to(tl.float32, bitcast=True) * inverse
+        code = encode(magnitude, x.to(tl.int32, bitcast=True), uniform, ROUNDING, IS_INT, BITS,
+                      MBITS, EMIN, MAX_CODE, BIG_EMAX)
+        return tl.where(byte == 255, 0, code)
+
+
+@triton.jit
+def _abs_bits(x):
+    """|x| as int32 fp32 bits: orders like |x|, with NaN and Inf above every finite value."""
+    return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _store_packed_last(rows_ptr, codes, pos, start, limit, rows_ok, A: tl.constexpr, NB: tl.constexpr,
+                       CPG: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCK_P: tl.constexpr, WORDS: tl.constexpr):
+    """Store codes [A, NB, BLOCK_P] packed along the last axis.
+
+    `rows_ptr` [A] points at each row's packed bytes, `pos` [1, NB, 1] is the packed-group
+    index of each block's first group (block * BLOCK / CPG), `start` (a scalar) the first of
+    them, `limit` the number of groups in a row and `rows_ok` [A] the rows in range.
+    """
+    ptr = rows_ptr[:, None, None]
+    mask = rows_ok[:, None, None]
+    G: tl.constexpr = BLOCK_P // CPG
+    g = tl.arange(0, G)[None, None, :]
+    q = pos + g  # packed-group index
+    ok = mask & (g < BLOCK // CPG) & (q < limit)
+    if CPG == 1:
+        tl.store(ptr + q, codes.to(tl.uint8), mask=ok)
+    elif CPG == 2:
+        low, high = tl.split(tl.reshape(codes, [A, NB, G, 2]))
+        tl.store(ptr + q, (low | (high << BITS)).to(tl.uint8), mask=ok)
+    else:
+        even, odd = tl.split(tl.reshape(codes, [A, NB, G, 2, 2]))
+        c0, c2 = tl.split(even)
+        c1, c3 = tl.split(odd)
+        word = c0 | (c1 << BITS) | (c2 << (2 * BITS)) | (c3 << (3 * BITS))
+        if WORDS:
+            # 16 codes = 4 groups = 12 bytes = 3 aligned 32-bit words. Three word stores per
+            # 16 codes instead of twelve byte stores 3 apart (partial sectors: very slow).
+            # WORDS needs BLOCK % 16 == 0 and rows of a multiple of 16 codes (host checks).
+            NC: tl.constexpr = NB * G // 4  # 16-code chunks in the tile
+            even_g, odd_g = tl.split(tl.reshape(word, [A, NC, 2, 2]))
+            w0, w2 = tl.split(even_g)
+            w1, w3 = tl.split(odd_g)
+            word0 = w0 | (w1 << 24)
+            word1 = ((w1 >> 8) & 0xFFFF) | (w2 << 16)
+            word2 = ((w2 >> 16) & 0xFF) | (w3 << 8)
+            chunk = start // 4 + tl.arange(0, NC)[None, :]  # chunk index in the row
+            ptr32 = rows_ptr.to(tl.pointer_type(tl.int32))[:, None] + 3 * chunk
+            ok32 = rows_ok[:, None] & (chunk < limit // 4)
+            tl.store(ptr32, word0, mask=ok32)
+            tl.store(ptr32 + 1, word1, mask=ok32)
+            tl.store(ptr32 + 2, word2, mask=ok32)
+        else:
+            tl.store(ptr + 3 * q, (word & 0xFF).to(tl.uint8), mask=ok)
+            tl.store(ptr + 3 * q + 1, ((word >> 8) & 0xFF).to(tl.uint8), mask=ok)
+            tl.store(ptr + 3 * q + 2, ((word >> 16) & 0xFF).to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _store_packed_phases(ptr, c0, c1, c2, c3, q, stride, ok, CPG: tl.constexpr, BITS: tl.constexpr):
+    """Store codes packed across phases: group q holds c0..c(CPG-1) (same shape, same lanes);
+    its bytes go to ptr + (q * bytes_per_group + i) * stride."""
+    if CPG == 1:
+        tl.store(ptr + q * stride, c0.to(tl.uint8), mask=ok)
+    elif CPG == 2:
+        tl.store(ptr + q * stride, (c0 | (c1 << BITS)).to(tl.uint8), mask=ok)
+    else:
+        word = c0 | (c1 << BITS) | (c2 << (2 * BITS)) | (c3 << (3 * BITS))
+        tl.store(ptr + (3 * q) * stride, (word & 0xFF).to(tl.uint8), mask=ok)
+        tl.store(ptr + (3 * q + 1) * stride, ((word >> 8) & 0xFF).to(tl.uint8), mask=ok)
+        tl.store(ptr + (3 * q + 2) * stride, ((word >> 16) & 0xFF).to(tl.uint8), mask=ok)
+
+
+@triton.jit(do_not_specialize=["key"])
+def quantize_rows_kernel(
+    x_ptr, scale_ptr, data_ptr, R, C, stride_b, stride_r, stride_c, tiles_r, tiles_c,
+    blocks_c, groups_c, key,
+    BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, TILE_R: tl.constexpr, TILE_NB: tl.constexpr,
+    I64: tl.constexpr, GRID: tl.constexpr, CPG: tl.constexpr, HW_FP8: tl.constexpr,
+    WORDS: tl.constexpr,
+    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, BIG_EMAX: tl.constexpr,
+):
+    """Blocks along C. Scale [B*R, blocks_c]; data [B*R, groups_c * bytes_per_group]."""
+    b, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
+    rows = tr * TILE_R + tl.arange(0, TILE_R)
+    blocks = tc * TILE_NB + tl.arange(0, TILE_NB)
+    t = tl.arange(0, BLOCK_P)
+    cols = blocks[:, None] * BLOCK + t[None, :]  # [NB, BP]
+    row_ok = rows < R
+    mask = row_ok[:, None, None] & (cols < C)[None, :, :]
+    if BLOCK_P != BLOCK:
+        mask = mask & (t < BLOCK)[None, None, :]
+    x = load_f32(x_ptr + b * stride_b + rows[:, None, None] * stride_r + cols[None, :, :] * stride_c,
+                 mask)
+    a = _abs_bits(x)
+    amax = tl.max(a, axis=2)  # [TR, NB]
+    byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL)
+    line = b * R + rows  # [TR]
+    tl.store(scale_ptr + line[:, None] * blocks_c + blocks[None, :], byte.to(tl.uint8),
+             mask=row_ok[:, None] & (blocks < blocks_c)[None, :])
+    index = 0
+    if ROUNDING == 4:
+        index = line.to(tl.int64)[:, None, None] * C + cols[None, :, :]
+    codes = _codes(x, a, byte[:, :, None], index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
+                   EMIN, MAX_CODE, BIG_EMAX)
+    bytes_per_group: tl.constexpr = 3 if CPG == 4 else 1
+    _store_packed_last(data_ptr + line * (groups_c * bytes_per_group), codes,
+                       (blocks * (BLOCK // CPG))[None, :, None], tc * (TILE_NB * (BLOCK // CPG)),
+                       groups_c, row_ok, TILE_R, TILE_NB, CPG, BITS, BLOCK, BLOCK_P, WORDS)
+
+
+@triton.jit(do_not_specialize=["key"])
+def quantize_cols_kernel(
+    x_ptr, scale_ptr, data_ptr, R, C, stride_b, stride_r, stride_c, tiles_r, tiles_c,
+    blocks_r, groups_r, key,
+    BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, TILE_NB: tl.constexpr, TILE_C: tl.constexpr,
+    VEC: tl.constexpr, I64: tl.constexpr, GRID: tl.constexpr, CPG: tl.constexpr, HW_FP8: tl.constexpr,
+    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, BIG_EMAX: tl.constexpr,
+):
+    """Blocks along R. Scale [B, blocks_r, C]; data [B, groups_r * bytes_per_group, C].
+
+    The tile [TILE_NB blocks, BLOCK_P // CPG groups, TILE_C columns] is loaded once per phase p
+    (rows block * BLOCK + g * CPG + p), so a group's codes meet lane by lane.
+    """
+    G: tl.constexpr = BLOCK_P // CPG
+    b, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
+    blocks = tr * TILE_NB + tl.arange(0, TILE_NB)
+    g = tl.arange(0, G)
+    # VEC columns per thread: a narrow vector leaves the threads and warps of the tile along C,
+    # so a block's rows sit in one thread and its amax needs no shuffle or shared memory.
+    cols = tl.max_contiguous(tc * TILE_C + tl.arange(0, TILE_C), VEC)
+    col_ok = (cols < C)[None, None, :]
+    in_block = g[None, :] * CPG  # [1, G]: row of phase 0 inside its block
+    first = blocks[:, None] * BLOCK + in_block  # [NB, G]
+    base = x_ptr + b * stride_b + cols[None, None, :] * stride_c
+    # Phase 0 (always), then 1..3 for packed formats.
+    m0 = ((in_block < BLOCK) & (first < R))[:, :, None] & col_ok
+    x0 = load_f32(base + first[:, :, None] * stride_r, m0)
+    a0 = _abs_bits(x0)
+    amax = tl.max(a0, axis=1)
+    if CPG >= 2:
+        m1 = ((in_block + 1 < BLOCK) & (first + 1 < R))[:, :, None] & col_ok
+        x1 = load_f32(base + (first + 1)[:, :, None] * stride_r, m1)
+        a1 = _abs_bits(x1)
+        amax = tl.maximum(amax, tl.max(a1, axis=1))
+    if CPG == 4:
+        m2 = ((in_block + 2 < BLOCK) & (first + 2 < R))[:, :, None] & col_ok
+        x2 = load_f32(base + (first + 2)[:, :, None] * stride_r, m2)
+        m3 = ((in_block + 3 < BLOCK) & (first + 3 < R))[:, :, None] & col_ok
+        x3 = load_f32(base + (first + 3)[:, :, None] * stride_r, m3)
+        a2 = _abs_bits(x2)
+        a3 = _abs_bits(x3)
+        amax = tl.maximum(amax, tl.maximum(tl.max(a2, axis=1), tl.max(a3, axis=1)))
+    byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL)  # [NB, TC]
+    tl.store(scale_ptr + (b * blocks_r + blocks)[:, None] * C + cols[None, :], byte.to(tl.uint8),
+             mask=(blocks < blocks_r)[:, None] & (cols < C)[None, :])
+    byte = byte[:, None, :]
+    index = 0
+    if ROUNDING == 4:
+        index = ((b * R + first).to(tl.int64))[:, :, None] * C + cols[None, None, :]
+    c0 = _codes(x0, a0, byte, index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN,
+                             MAX_CODE, BIG_EMAX)
+    c1 = c0
+    c2 = c0
+    c3 = c0
+    if CPG >= 2:
+        c1 = _codes(x1, a1, byte, index + C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
+                                 EMIN, MAX_CODE, BIG_EMAX)
+    if CPG == 4:
+        c2 = _codes(x2, a2, byte, index + 2 * C, key, HW_FP8, ROUNDING, IS_INT, BITS,
+                                 MBITS, EMIN, MAX_CODE, BIG_EMAX)
+        c3 = _codes(x3, a3, byte, index + 3 * C, key, HW_FP8, ROUNDING, IS_INT, BITS,
+                                 MBITS, EMIN, MAX_CODE, BIG_EMAX)
+    bytes_per_group: tl.constexpr = 3 if CPG == 4 else 1
+    q = blocks[:, None] * (BLOCK // CPG) + g[None, :]  # packed group index along R
+    ok = ((g < BLOCK // CPG)[None, :] & (q < groups_r))[:, :, None] & col_ok
+    out = data_ptr + b * (groups_r * bytes_per_group) * C + cols[None, None, :]
+    _store_packed_phases(out, c0, c1, c2, c3, q[:, :, None], C, ok, CPG, BITS)
+
+
+@triton.jit(do_not_specialize=["key"])
+def quantize_fused_kernel(
+    x_ptr, scale_r_ptr, data_r_ptr, scale_c_ptr, data_c_ptr, R, C, stride_b, stride_r, stride_c,
+    tiles_r, tiles_c, blocks_r, blocks_c, groups_r, groups_c, key,
+    BLOCK: tl.constexpr, TILE_NBR: tl.constexpr, TILE_NBC: tl.constexpr, VEC: tl.constexpr,
+    I64: tl.constexpr, GRID: tl.constexpr, CPG: tl.constexpr, HW_FP8: tl.constexpr,
+    WORDS: tl.constexpr,
+    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, BIG_EMAX: tl.constexpr,
+):
+    """One read, two outputs: blocks along C (scale_r/data_r, as quantize_rows_kernel) and
+    along R (scale_c/data_c, as quantize_cols_kernel). BLOCK is a power of two, BLOCK % CPG == 0.
+
+    Per phase p the tile is 2-d, [TILE_NBR * BLOCK / CPG rows, TILE_NBC * BLOCK columns], rows
+    rb * BLOCK + g * CPG + p. Seen as [TILE_NBR, G, columns] it gives the column-wise blocks
+    (reduced over g, then over the phases); seen as [rows, TILE_NBC, BLOCK], the row-wise ones
+    (each phase holds whole rows).
+    """
+    G: tl.constexpr = BLOCK // CPG
+    A: tl.constexpr = TILE_NBR * G  # rows per phase
+    TC: tl.constexpr = TILE_NBC * BLOCK
+    b, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
+    rblocks = tr * TILE_NBR + tl.arange(0, TILE_NBR)
+    cblocks = tc * TILE_NBC + tl.arange(0, TILE_NBC)
+    i = tl.arange(0, A)
+    first = tr * (TILE_NBR * BLOCK) + (i // G) * BLOCK + (i % G) * CPG  # [A] rows of phase 0
+    # VEC columns per thread (see quantize_cols_kernel): the rows of a column block stay in
+    # one thread; a row block's columns span a few lanes of one warp.
+    cols = tl.max_contiguous(tc * TC + tl.arange(0, TC), VEC)
+    col_ok = (cols < C)[None, :]
+    base = x_ptr + b * stride_b + cols[None, :] * stride_c
+    m0 = (first < R)[:, None] & col_ok
+    x0 = load_f32(base + first[:, None] * stride_r, m0)
+    a0 = _abs_bits(x0)
+    amax_c = tl.max(tl.reshape(a0, [TILE_NBR, G, TC]), axis=1)  # [NBR, TC]
+    if CPG >= 2:
+        m1 = (first + 1 < R)[:, None] & col_ok
+        x1 = load_f32(base + (first + 1)[:, None] * stride_r, m1)
+        a1 = _abs_bits(x1)
+        amax_c = tl.maximum(amax_c, tl.max(tl.reshape(a1, [TILE_NBR, G, TC]), axis=1))
+    if CPG == 4:
+        m2 = (first + 2 < R)[:, None] & col_ok
+        x2 = load_f32(base + (first + 2)[:, None] * stride_r, m2)
+        a2 = _abs_bits(x2)
+        m3 = (first + 3 < R)[:, None] & col_ok
+        x3 = load_f32(base + (first + 3)[:, None] * stride_r, m3)
+        a3 = _abs_bits(x3)
+        amax_c = tl.maximum(amax_c, tl.maximum(tl.max(tl.reshape(a2, [TILE_NBR, G, TC]), axis=1),
+                                               tl.max(tl.reshape(a3, [TILE_NBR, G, TC]), axis=1)))
+    index = 0
+    if ROUNDING == 4:
+        index = (b * R + first).to(tl.int64)[:, None] * C + cols[None, :]
+
+    # Column-wise copy: scale [B, blocks_r, C], data [B, groups_r * bytes_per_group, C].
+    byte_c = scale_byte(amax_c, SCALE_MODE, MBITS, EMAX, MAX_NORMAL)  # [NBR, TC]
+    tl.store(scale_c_ptr + (b * blocks_r + rblocks)[:, None] * C + cols[None, :],
+             byte_c.to(tl.uint8), mask=(rblocks < blocks_r)[:, None] & col_ok)
+    byte_c = tl.reshape(tl.broadcast_to(byte_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
+    c0 = _codes(x0, a0, byte_c, index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN,
+                MAX_CODE, BIG_EMAX)
+    c1 = c0
+    c2 = c0
+    c3 = c0
+    if CPG >= 2:
+        c1 = _codes(x1, a1, byte_c, index + C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN,
+                    MAX_CODE, BIG_EMAX)
+    if CPG == 4:
+        c2 = _codes(x2, a2, byte_c, index + 2 * C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
+                    EMIN, MAX_CODE, BIG_EMAX)
+        c3 = _codes(x3, a3, byte_c, index + 3 * C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
+                    EMIN, MAX_CODE, BIG_EMAX)
+    bytes_per_group: tl.constexpr = 3 if CPG == 4 else 1
+    q = (tr * TILE_NBR * G + i)[:, None]  # packed group index along R
+    out_c = data_c_ptr + b * (groups_r * bytes_per_group) * C + cols[None, :]
+    _store_packed_phases(out_c, c0, c1, c2, c3, q, C, (q < groups_r) & col_ok, CPG, BITS)
+
+    # Row-wise copy, phase by phase: scale [B*R, blocks_c], data [B*R, groups_c * bpg].
+    pos = (cblocks * G)[None, :, None]
+    index3 = index
+    if ROUNDING == 4:
+        index3 = tl.reshape(index, [A, TILE_NBC, BLOCK])
+    _rows_phase(tl.reshape(x0, [A, TILE_NBC, BLOCK]), tl.reshape(a0, [A, TILE_NBC, BLOCK]),
+                first, index3, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr, blocks_c, groups_c,
+                key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE, ROUNDING, IS_INT, BITS, MBITS,
+                EMIN, EMAX, MAX_CODE, MAX_NORMAL, BIG_EMAX, WORDS)
+    if CPG >= 2:
+        _rows_phase(tl.reshape(x1, [A, TILE_NBC, BLOCK]), tl.reshape(a1, [A, TILE_NBC, BLOCK]),
+                    first + 1, index3 + C, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr, blocks_c,
+                    groups_c, key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE, ROUNDING, IS_INT,
+                    BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, BIG_EMAX, WORDS)
+    if CPG == 4:
+        _rows_phase(tl.reshape(x2, [A, TILE_NBC, BLOCK]), tl.reshape(a2, [A, TILE_NBC, BLOCK]),
+                    first + 2, index3 + 2 * C, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr,
+                    blocks_c, groups_c, key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE,
+                    ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, BIG_EMAX, WORDS)
+        _rows_phase(tl.reshape(x3, [A, TILE_NBC, BLOCK]), tl.reshape(a3, [A, TILE_NBC, BLOCK]),
+                    first + 3, index3 + 3 * C, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr,
+                    blocks_c, groups_c, key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE,
+                    ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, BIG_EMAX, WORDS)
+
+
+@triton.jit
+def _rows_phase(x, a, rows, index, b, tc, R, cblocks, pos, scale_ptr, data_ptr, blocks_c,
+                groups_c, key, A: tl.constexpr, NBC: tl.constexpr, BLOCK: tl.constexpr,
+                CPG: tl.constexpr, HW_FP8: tl.constexpr, SCALE_MODE: tl.constexpr,
+                ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
+                MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                MAX_CODE: tl.constexpr, MAX_NORMAL: tl.constexpr, BIG_EMAX: tl.constexpr,
+                WORDS: tl.constexpr):
+    """Row-wise quantize of one phase: x [A rows, NBC blocks, BLOCK] of rows `rows` [A]."""
+    amax = tl.max(a, axis=2)  # [A, NBC]
+    byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL)
+    line = b * R + rows  # [A]
+    row_ok = rows < R
+    tl.store(scale_ptr + line[:, None] * blocks_c + cblocks[None, :], byte.to(tl.uint8),
+             mask=row_ok[:, None] & (cblocks < blocks_c)[None, :])
+    codes = _codes(x, a, byte[:, :, None], index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
+                   EMIN, MAX_CODE, BIG_EMAX)
+    bytes_per_group: tl.constexpr = 3 if CPG == 4 else 1
+    _store_packed_last(data_ptr + line * (groups_c * bytes_per_group), codes, pos,
+                       tc * (NBC * (BLOCK // CPG)), groups_c, row_ok, A, NBC, CPG, BITS, BLOCK,
+                       BLOCK, WORDS)

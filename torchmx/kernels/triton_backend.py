@@ -1,0 +1,397 @@
+"""The Triton backend of the custom ops: MX quantize / dequantize on CUDA, bit-identical to the
+reference numerics (tests/test_triton_*.py hold every option to that).
+
+`quantize` and `dequantize` take arguments already validated by torchmx.ops and return exactly
+what quantize_mx_reference / dequantize_mx_reference return (shapes, dtypes, contiguous).
+`quantize_rowwise_colwise` is the fused pass behind torchmx.kernels.quantize_mx_rowwise_colwise.
+
+Importing this module needs neither Triton nor a GPU; the kernels are imported on first use.
+With TRITON_INTERPRET=1 set before Triton is imported, the same functions run on CPU tensors
+through Triton's interpreter (that is how CI tests the kernels).
+
+Dispatch: the input is seen as a strided 3-d view [B, R, C] (no copy when the strides allow);
+blocks along the innermost dim use the "rows" kernel, blocks along any other dim the "cols"
+kernel, which reads that dim with a stride (no transpose pass). Block sizes that split a packed
+fp4/fp6 group are quantized to one code per byte and packed by a second small pass.
+"""
+
+import functools
+import math
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .. import dtypes
+from ..numerics.packing import packed_length
+from ..numerics.rounding import ROUNDING_MODES, seed_key
+from ..numerics.scale import SCALE_MODES
+
+__all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "TUNING"]
+
+# Tile shapes, by kernel (see _rows_tile, _cols_tile, quantize_rowwise_colwise and
+# docs/kernels.md); benchmarks/bench_gpu_quantize.py --sweep times alternatives.
+TUNING: Dict[str, Dict[str, int]] = {
+    "quantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
+    "quantize_cols": {"elements_per_thread": 64, "num_warps": 4},
+    "quantize_fused": {"row_blocks": 1, "col_blocks": 2, "vec": 8, "num_warps": 1},
+    "dequantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
+    "dequantize_cols": {"elements": 8192, "columns": 256, "num_warps": 4},
+}
+_DEFAULT_TUNING = {kind: dict(cfg) for kind, cfg in TUNING.items()}
+# Triton's interpreter (CPU tests) pays per program, not per element: large tiles there.
+_INTERPRETER_TUNING: Dict[str, Dict[str, int]] = {
+    "quantize_rows": {"elements": 65536, "columns": 1024, "num_warps": 4},
+    "quantize_cols": {"elements_per_thread": 256, "num_warps": 4, "blocks": 64},
+    "quantize_fused": {"row_blocks": 4, "col_blocks": 16, "vec": 8, "num_warps": 4},
+    "dequantize_rows": {"elements": 65536, "columns": 1024, "num_warps": 4},
+    "dequantize_cols": {"elements": 65536, "columns": 1024, "num_warps": 4},
+}
+_MAX_BLOCK_P = 16384  # larger blocks fall back to the reference numerics
+_I64_LIMIT = 2**31 - 2**26  # past this many elements (or offsets), index in 64 bits
+
+
+def available() -> bool:
+    """True when Triton imports and a CUDA device is present (never raises)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    try:
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels():
+    from . import _tl_dequantize, _tl_packing, _tl_quantize
+    return _tl_quantize, _tl_dequantize, _tl_packing
+
+
+def _next_pow2(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=None)
+def _format_constants(fmt: dtypes.DType) -> Dict[str, object]:
+    is_int = fmt.kind == "int"
+    m = fmt.mantissa_bits
+    return dict(
+        IS_INT=is_int, BITS=fmt.bits, MBITS=m, EMIN=0 if is_int else fmt.min_exponent,
+        EMAX=fmt.emax, MAX_CODE=fmt.max_code, MAX_NORMAL=float(fmt.max),
+        # Rounding by a magic addend 2**(p + 23 - m) needs p + 23 - m <= 127 (p <= emax + 1):
+        # formats with emax close to 127 take the general path.
+        BIG_EMAX=(not is_int) and fmt.emax + 1 + 23 - m > 120,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_constants(fmt: dtypes.DType) -> Dict[str, object]:
+    is_int = fmt.kind == "int"
+    m = fmt.mantissa_bits
+    lsb = 2.0 ** -m if is_int else 2.0 ** (fmt.min_exponent - m)
+    return dict(IS_INT=is_int, BITS=fmt.bits, MBITS=m, BIAS=fmt.exponent_bias,
+                HAS_INF=fmt.has_inf, HAS_NAN=fmt.has_nan, LSB=lsb,
+                TO_VALUE=2.0 ** (127 - fmt.exponent_bias))
+
+
+def _hw_fp8(fmt: dtypes.DType, device: torch.device, rounding: str = "even") -> int:
+    """1 / 2 when the hardware fp8 conversions (cvt.rn.satfinite, round half to even with
+    saturation: exactly encode() with rounding="even") can stand in for the bit arithmetic."""
+    if device.type != "cuda" or _interpreting() or rounding != "even":
+        return 0
+    if os.environ.get("TORCHMX_TRITON_HW_FP8", "1") == "0":
+        return 0
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        return 0
+    if fmt == dtypes.float8_e4m3:
+        return 1
+    if fmt == dtypes.float8_e5m2:
+        return 2
+    return 0
+
+
+def _merge(sizes, strides):
+    """(size, stride) groups of consecutive dims that index memory as one dim (size-1 dims
+    dropped), outermost first."""
+    groups = []
+    for size, stride in zip(sizes, strides):
+        if size == 1:
+            continue
+        if groups and groups[-1][1] == stride * size:
+            groups[-1] = (groups[-1][0] * size, stride)
+        else:
+            groups.append((size, stride))
+    return groups
+
+
+def _span(x: torch.Tensor) -> int:
+    """1 + the largest element offset x addresses."""
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(x.shape, x.stride()))
+
+
+def _needs_i64(*sizes: int) -> bool:
+    return max(sizes) >= _I64_LIMIT
+
+
+def _view_rows(x: torch.Tensor, axis: int):
+    """x as [B, R, C] with blocks along C (= x's axis, all later dims of size 1)."""
+    groups = _merge(x.shape[:axis], x.stride()[:axis])
+    if len(groups) > 2:
+        x = x.contiguous()
+        groups = _merge(x.shape[:axis], x.stride()[:axis])
+    groups = [(1, 0)] * (2 - len(groups)) + groups
+    (B, sb), (R, sr) = groups
+    return x, (B, R, x.shape[axis]), (sb, sr, x.stride(axis))
+
+
+def _view_cols(x: torch.Tensor, axis: int):
+    """x as [B, R, C] with blocks along R (= x's axis) and C the merged later dims."""
+    outer = _merge(x.shape[:axis], x.stride()[:axis])
+    inner = _merge(x.shape[axis + 1:], x.stride()[axis + 1:])
+    if len(outer) > 1 or len(inner) > 1:
+        x = x.contiguous()
+        outer = _merge(x.shape[:axis], x.stride()[:axis])
+        inner = _merge(x.shape[axis + 1:], x.stride()[axis + 1:])
+    (B, sb), = outer or [(1, 0)]
+    (C, sc), = inner or [(1, 1)]
+    return x, (B, x.shape[axis], C), (sb, x.stride(axis), sc)
+
+
+def _tuning(kind: str) -> Dict[str, int]:
+    if _interpreting() and TUNING[kind] == _DEFAULT_TUNING[kind]:
+        return _INTERPRETER_TUNING[kind]
+    return TUNING[kind]
+
+
+def _rows_tile(kind: str, block_p: int, blocks: int, rows: int):
+    cfg = _tuning(kind)
+    tile_nb = max(1, min(_next_pow2(blocks), cfg["columns"] // block_p))
+    tile_r = max(1, min(_next_pow2(rows), cfg["elements"] // (tile_nb * block_p)))
+    return tile_r, tile_nb, cfg["num_warps"]
+
+
+def _cols_tile(kind: str, block_p: int, blocks: int, cols: int):
+    """(blocks per tile, columns per tile, columns per thread, warps) of a "cols" kernel.
+
+    Quantize keeps a whole block of rows in each thread (VEC columns wide, so that the block's
+    amax is a loop, not a shuffle or a shared-memory exchange): the tile is VEC columns per
+    thread times every thread of the program, one block tall. Dequantize has no reduction and
+    takes "elements" per tile.
+    """
+    cfg = _tuning(kind)
+    warps = cfg["num_warps"]
+    if kind == "quantize_cols":
+        vec = max(1, min(8, cfg["elements_per_thread"] // block_p))
+        tile_c = max(1, min(_next_pow2(cols), vec * 32 * warps))
+        tile_nb = max(1, min(_next_pow2(blocks), cfg.get("blocks", 1)))
+        return tile_nb, tile_c, min(vec, tile_c), warps
+    tile_c = max(1, min(_next_pow2(cols), cfg["columns"]))
+    tile_nb = max(1, min(_next_pow2(blocks), cfg["elements"] // (block_p * tile_c)))
+    return tile_nb, tile_c, 8, warps
+
+
+def _grid(B: int, tiles_r: int, tiles_c: int):
+    """(launch grid, GRID constexpr): 2-d (tiles_c, B * tiles_r) when it fits CUDA's 65535
+    limit on the second dim, else 1-d."""
+    if B * tiles_r <= 65535:
+        return (tiles_c, B * tiles_r), 2
+    return (B * tiles_r * tiles_c,), 1
+
+
+def _fp6_words(cpg: int, block_size: int, n: int, data: Optional[torch.Tensor] = None) -> bool:
+    """Whether fp6 rows move as aligned 32-bit words (16 codes = 3 words): blocks and rows of
+    whole 16-code chunks, and (dequantize) data at a 4-byte aligned address."""
+    if cpg != 4 or block_size % 16 or block_size & (block_size - 1) or n % 16:
+        return False
+    return data is None or data.data_ptr() % 4 == 0
+
+
+def _signed32(key: int) -> int:
+    """The 32-bit key as an int32 kernel argument (the kernel reinterprets it as uint32)."""
+    return key - (1 << 32) if key >= (1 << 31) else key
+
+
+def _launch_quantize(x3, view, strides, scale, data, fmt, block_size, scale_mode, rounding,
+                     key, cpg, blocks_on_c: bool, hw_fp8: int):
+    tq, _, _ = _kernels()
+    B, R, C = view
+    block_p = _next_pow2(block_size)
+    n = C if blocks_on_c else R
+    blocks = _cdiv(n, block_size)
+    groups = _cdiv(n, cpg)
+    i64 = _needs_i64(_span(x3), x3.numel(), data.numel(), scale.numel(), B * R * C)
+    common = dict(BLOCK=block_size, BLOCK_P=block_p, I64=i64, CPG=cpg, HW_FP8=hw_fp8,
+                  SCALE_MODE=SCALE_MODES.index(scale_mode),
+                  ROUNDING=ROUNDING_MODES.index(rounding), **_format_constants(fmt))
+    if blocks_on_c:
+        common["WORDS"] = _fp6_words(cpg, block_size, C)
+        tile_r, tile_nb, warps = _rows_tile("quantize_rows", block_p, blocks, B * R)
+        tiles_r, tiles_c = _cdiv(R, tile_r), _cdiv(blocks, tile_nb)
+        grid, grid_kind = _grid(B, tiles_r, tiles_c)
+        tq.quantize_rows_kernel[grid](
+            x3, scale, data, R, C, *strides, tiles_r, tiles_c, blocks, groups, _signed32(key),
+            TILE_R=tile_r, TILE_NB=tile_nb, GRID=grid_kind, num_warps=warps, **common)
+    else:
+        tile_nb, tile_c, vec, warps = _cols_tile("quantize_cols", block_p, blocks, C)
+        tiles_r, tiles_c = _cdiv(blocks, tile_nb), _cdiv(C, tile_c)
+        grid, grid_kind = _grid(B, tiles_r, tiles_c)
+        tq.quantize_cols_kernel[grid](
+            x3, scale, data, R, C, *strides, tiles_r, tiles_c, blocks, groups, _signed32(key),
+            TILE_NB=tile_nb, TILE_C=tile_c, VEC=vec, GRID=grid_kind, num_warps=warps, **common)
+
+
+def _pack(codes: torch.Tensor, out: torch.Tensor, fmt: dtypes.DType, outer: int, n: int,
+          inner: int, unpack: bool = False) -> None:
+    _, _, tp = _kernels()
+    groups = _cdiv(n, fmt.codes_per_group)
+    total = outer * groups * inner
+    tile = 1024
+    kernel = tp.unpack_kernel if unpack else tp.pack_kernel
+    kernel[(_cdiv(total, tile),)](codes, out, n, inner, groups, total, BITS=fmt.bits,
+                                  CPG=fmt.codes_per_group, BPG=fmt.bytes_per_group, TILE=tile,
+                                  num_warps=4)
+
+
+def _output_shapes(shape, axis, n, block_size, fmt):
+    scale_shape, data_shape = list(shape), list(shape)
+    scale_shape[axis] = _cdiv(n, block_size)
+    data_shape[axis] = packed_length(n, fmt)
+    return scale_shape, data_shape
+
+
+def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, scale_mode: str,
+             rounding: str, axis: int, seed: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as numerics.quantize_mx_reference, for validated arguments."""
+    fmt = elem_dtype
+    x = data_hp.reshape(1) if data_hp.dim() == 0 else data_hp
+    shape = list(x.shape)
+    n = shape[axis]
+    scale_shape, data_shape = _output_shapes(shape, axis, n, block_size, fmt)
+    scale = torch.empty(scale_shape, dtype=torch.uint8, device=x.device)
+    data = torch.empty(data_shape, dtype=fmt.storage_dtype, device=x.device)
+    if x.numel() == 0:
+        return scale, data
+    if _next_pow2(block_size) > _MAX_BLOCK_P:
+        from ..numerics.reference import quantize_mx_reference
+        return quantize_mx_reference(data_hp, fmt, block_size, scale_mode=scale_mode,
+                                     rounding=rounding, block_dim=axis, seed=seed)
+    key = seed_key(seed or 0) if rounding == "stochastic" else 0
+    cpg = fmt.codes_per_group
+    direct = block_size % cpg == 0
+    inner = math.prod(shape[axis + 1:])
+    target = data.view(torch.uint8) if direct else torch.empty(shape, dtype=torch.uint8,
+                                                                device=x.device)
+    hw_fp8 = _hw_fp8(fmt, x.device, rounding)
+    if inner == 1:
+        x3, view, strides = _view_rows(x, axis)
+    else:
+        x3, view, strides = _view_cols(x, axis)
+    _launch_quantize(x3, view, strides, scale, target, fmt, block_size, scale_mode, rounding,
+                     key, cpg if direct else 1, inner == 1, hw_fp8)
+    if not direct:
+        _pack(target, data, fmt, math.prod(shape[:axis]), n, inner)
+    return scale, data
+
+
+def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes.DType,
+               block_size: int, target_dtype: torch.dtype, axis: int, n: int) -> torch.Tensor:
+    """Same contract as numerics.dequantize_mx_reference, for validated arguments."""
+    fmt = elem_dtype
+    data = data_lp.contiguous().view(torch.uint8)
+    scale = scale_u8.contiguous()
+    shape = list(data.shape)
+    shape[axis] = n
+    out = torch.empty(shape, dtype=target_dtype, device=data.device)
+    if out.numel() == 0:
+        return out
+    if _next_pow2(block_size) > _MAX_BLOCK_P:
+        from ..numerics.reference import dequantize_mx_reference
+        return dequantize_mx_reference(data_lp, scale_u8, fmt, block_size, target_dtype, axis,
+                                       block_dim_size=n)
+    td = _kernels()[1]
+    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    cpg = fmt.codes_per_group
+    if block_size % cpg:
+        codes = torch.empty(shape, dtype=torch.uint8, device=data.device)
+        _pack(data, codes, fmt, outer, n, inner, unpack=True)
+        data, cpg = codes, 1
+    block_p = _next_pow2(block_size)
+    blocks, groups = _cdiv(n, block_size), _cdiv(n, cpg)
+    i64 = _needs_i64(out.numel(), data.numel(), scale.numel())
+    common = dict(BLOCK=block_size, BLOCK_P=block_p, I64=i64, CPG=cpg,
+                  HW_FP8=_hw_fp8(fmt, data.device), SOFT_BF16=_interpreting(),
+                  **_decode_constants(fmt))
+    if inner == 1:
+        common["WORDS"] = _fp6_words(cpg, block_size, n, data)
+        tile_r, tile_nb, warps = _rows_tile("dequantize_rows", block_p, blocks, outer)
+        tiles_r, tiles_c = _cdiv(outer, tile_r), _cdiv(blocks, tile_nb)
+        grid, grid_kind = _grid(1, tiles_r, tiles_c)
+        td.dequantize_rows_kernel[grid](
+            data, scale, out, outer, n, tiles_r, tiles_c, blocks, groups,
+            TILE_R=tile_r, TILE_NB=tile_nb, GRID=grid_kind, num_warps=warps, **common)
+    else:
+        tile_nb, tile_c, _, warps = _cols_tile("dequantize_cols", block_p, blocks, inner)
+        tiles_r, tiles_c = _cdiv(blocks, tile_nb), _cdiv(inner, tile_c)
+        grid, grid_kind = _grid(outer, tiles_r, tiles_c)
+        td.dequantize_cols_kernel[grid](
+            data, scale, out, n, inner, tiles_r, tiles_c, blocks, groups,
+            TILE_NB=tile_nb, TILE_C=tile_c, GRID=grid_kind, num_warps=warps, **common)
+    return out
+
+
+def fused_supported(fmt: dtypes.DType, block_size: int) -> bool:
+    """Whether one fused pass handles this format and block size (else two passes run)."""
+    return (block_size & (block_size - 1)) == 0 and block_size % fmt.codes_per_group == 0 \
+        and block_size <= 128
+
+
+def quantize_rowwise_colwise(x: torch.Tensor, elem_dtype: dtypes.DType, block_size: int,
+                             scale_mode: str, rounding: str, seed: Optional[int]):
+    """((scale_r, data_r), (scale_c, data_c)): blocks along dim -1 and along dim -2 of x
+    (dim >= 2, validated), from one read of x when fused_supported(), else two passes."""
+    fmt = elem_dtype
+    axis_r, axis_c = x.dim() - 1, x.dim() - 2
+    if not fused_supported(fmt, block_size) or x.numel() == 0:
+        return (quantize(x, fmt, block_size, scale_mode, rounding, axis_r, seed),
+                quantize(x, fmt, block_size, scale_mode, rounding, axis_c, seed))
+    shape = list(x.shape)
+    sr_shape, dr_shape = _output_shapes(shape, axis_r, shape[-1], block_size, fmt)
+    sc_shape, dc_shape = _output_shapes(shape, axis_c, shape[-2], block_size, fmt)
+    dev = x.device
+    scale_r = torch.empty(sr_shape, dtype=torch.uint8, device=dev)
+    data_r = torch.empty(dr_shape, dtype=fmt.storage_dtype, device=dev)
+    scale_c = torch.empty(sc_shape, dtype=torch.uint8, device=dev)
+    data_c = torch.empty(dc_shape, dtype=fmt.storage_dtype, device=dev)
+    x3, (B, R, C), strides = _view_cols(x, axis_c)
+    cpg = fmt.codes_per_group
+    key = seed_key(seed or 0) if rounding == "stochastic" else 0
+    cfg = _tuning("quantize_fused")
+    blocks_r, blocks_c = _cdiv(R, block_size), _cdiv(C, block_size)
+    warps = cfg["num_warps"]
+    # A tile of whole blocks both ways; `vec` columns per thread (at least a packed group).
+    vec = min(block_size, max(cpg, cfg["vec"]))
+    nbr = max(1, min(_next_pow2(blocks_r), cfg["row_blocks"]))
+    nbc = max(1, min(_next_pow2(blocks_c), cfg["col_blocks"]))
+    tiles_r, tiles_c = _cdiv(blocks_r, nbr), _cdiv(blocks_c, nbc)
+    tq = _kernels()[0]
+    i64 = _needs_i64(_span(x3), x.numel(), data_r.numel(), data_c.numel())
+    grid, grid_kind = _grid(B, tiles_r, tiles_c)
+    tq.quantize_fused_kernel[grid](
+        x3, scale_r, data_r.view(torch.uint8), scale_c, data_c.view(torch.uint8), R, C, *strides,
+        tiles_r, tiles_c, blocks_r, blocks_c, _cdiv(R, cpg), _cdiv(C, cpg), _signed32(key),
+        BLOCK=block_size, TILE_NBR=nbr, TILE_NBC=nbc, VEC=vec, I64=i64, GRID=grid_kind, CPG=cpg,
+        WORDS=_fp6_words(cpg, block_size, C),
+        HW_FP8=_hw_fp8(fmt, dev, rounding), SCALE_MODE=SCALE_MODES.index(scale_mode),
+        ROUNDING=ROUNDING_MODES.index(rounding), num_warps=warps,
+        **_format_constants(fmt))
+    return (scale_r, data_r), (scale_c, data_c)
