@@ -61,6 +61,9 @@ def test_custom_matches_builtin_where_it_should():
     (lambda: dtypes.ExMy(2, -1), ValueError, "mantissa_bits >= 0"),
     (lambda: dtypes.ExMy(2.0, 1), TypeError, "exponent_bits must be an int"),
     (lambda: dtypes.ExMy(4, 3, bias=40), ValueError, "bias must be in [0, 20]"),
+    # emax 127: scaled values would reach 2**128, past fp32 (the C kernel differed there).
+    (lambda: dtypes.ExMy(7, 0, bias=0), ValueError, "emax = 2**exponent_bits - 1 - bias must be <= 64"),
+    (lambda: dtypes.ExMy(7, 0, bias=20), ValueError, "got 107"),
     (lambda: dtypes.from_name("fp4"), ValueError, "allowed: float8_e4m3"),
     (lambda: dtypes.from_name("e1m2_bias1"), ValueError, "unknown elem_dtype"),
     (lambda: dtypes.resolve(3), TypeError, "DType or its name"),

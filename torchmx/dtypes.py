@@ -159,8 +159,10 @@ SUPPORTED_FP_ELEM_DTYPES = tuple(d for d in SUPPORTED_ELEM_DTYPES if d.is_float)
 STR_TO_SUPPORTED_ELEM_DTYPE = {d.name: d for d in SUPPORTED_ELEM_DTYPES}
 
 # Custom formats must keep every value, and every value times any E8M0 scale, exact in fp32:
-# the smallest subnormal 2**(1 - bias - m) times 2**-127 must not fall below 2**-149.
+# the smallest subnormal 2**(1 - bias - m) times 2**-127 must not fall below 2**-149, and the
+# scaled values (below 2**(emax + 1)) and their grid spacings must stay normal fp32 numbers.
 _MAX_CUSTOM_BIAS_PLUS_MANTISSA = 23
+_MAX_CUSTOM_EMAX = 64
 
 
 def _default_bias(exponent_bits: int) -> int:
@@ -190,6 +192,12 @@ def ExMy(exponent_bits: int, mantissa_bits: int, *, bias: Optional[int] = None) 
         raise ValueError(
             f"ExMy: bias must be in [0, {_MAX_CUSTOM_BIAS_PLUS_MANTISSA - mantissa_bits}] for "
             f"mantissa_bits={mantissa_bits} (so scaled values stay exact in fp32), got {bias}"
+        )
+    emax = 2**exponent_bits - 1 - bias
+    if emax > _MAX_CUSTOM_EMAX:
+        raise ValueError(
+            f"ExMy: emax = 2**exponent_bits - 1 - bias must be <= {_MAX_CUSTOM_EMAX} (the E8M0 scale "
+            f"already spans 2**-127..2**127), got {emax} for exponent_bits={exponent_bits}, bias={bias}"
         )
     name = f"e{exponent_bits}m{mantissa_bits}" + ("" if bias == default else f"_bias{bias}")
     return _float_format(name, exponent_bits, mantissa_bits, bias)
