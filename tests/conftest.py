@@ -1,5 +1,12 @@
 import os
 import sys
 
+import torch
+
 # Tests import their shared helpers (e.g. the independent oracle) as top-level modules.
 sys.path.insert(0, os.path.dirname(__file__))
+
+# Without a GPU, the Triton kernels are tested under Triton's interpreter. Triton fixes the mode
+# when it is first imported, so it is set here, before any test module (or torch) imports it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

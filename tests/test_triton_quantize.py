@@ -75,7 +75,7 @@ if not GPU and not INTERPRET:
     pytest.skip("no GPU and the Triton interpreter is off (TRITON_INTERPRET)", allow_module_level=True)
 
 # Formats beyond the shared list: a negative emax (max < 1) and emax = 127 (steps below 2**-126).
-EXTRA_FORMATS = (dtypes.ExMy(3, 2, bias=10), dtypes.ExMy(7, 0, bias=0))
+EXTRA_FORMATS = (dtypes.ExMy(3, 2, bias=10), dtypes.ExMy(6, 1, bias=0))
 ALL_FORMATS = FORMATS + EXTRA_FORMATS
 ALL_IDS = FORMAT_IDS + [f.name for f in EXTRA_FORMATS]
 
