@@ -32,3 +32,14 @@ def wide_range_input(shape, dtype, seed=0):
 def bit_view(t: torch.Tensor) -> torch.Tensor:
     """Integer view of a float tensor, so that comparisons are bitwise (NaN == NaN, -0 != 0)."""
     return t.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
+
+
+def every_code_every_scale(fmt):
+    """(scale [256, 1], packed data [256, n], n): every code of `fmt` in one block next to every
+    E8M0 byte, including 0 (2**-127) and 255 (NaN)."""
+    from torchmx.numerics import pack_codes
+
+    codes = torch.arange(1 << fmt.bits, dtype=torch.int32)
+    n = codes.numel()
+    scale = torch.arange(256, dtype=torch.int32).to(torch.uint8).unsqueeze(1)
+    return scale, pack_codes(codes.expand(256, n), fmt), n

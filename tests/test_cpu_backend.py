@@ -7,9 +7,9 @@ import zlib
 import pytest
 import torch
 
-from formats import FORMAT_IDS, FORMATS, HP_DTYPES, ROUNDINGS, SCALE_MODES, bit_view, wide_range_input
+from formats import FORMAT_IDS, FORMATS, HP_DTYPES, ROUNDINGS, SCALE_MODES, bit_view, every_code_every_scale, wide_range_input
 from torchmx import cpu_kernels
-from torchmx.numerics import dequantize_mx_reference, pack_codes, quantize_mx_reference
+from torchmx.numerics import dequantize_mx_reference, quantize_mx_reference
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler on this machine")
 
@@ -36,11 +36,7 @@ def test_quantize_every_option(fmt, scale_mode, rounding):
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 @pytest.mark.parametrize("target", HP_DTYPES)
 def test_dequantize_every_code_and_scale(fmt, target):
-    # Every code next to every scale byte, including 0 (2**-127) and 255 (NaN).
-    codes = torch.arange(1 << fmt.bits, dtype=torch.int32)
-    n = codes.numel()
-    scale = torch.arange(256, dtype=torch.int32).to(torch.uint8).unsqueeze(1)
-    data = pack_codes(codes.expand(256, n), fmt)
+    scale, data, n = every_code_every_scale(fmt)
     expected = dequantize_mx_reference(data, scale, fmt, n, target, block_dim_size=n)
     got = cpu_kernels.dequantize(data, scale, fmt, n, target, 1, n)
     assert torch.equal(bit_view(expected), bit_view(got))

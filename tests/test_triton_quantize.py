@@ -28,10 +28,10 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton")
 
-from formats import FORMAT_IDS, FORMATS, HP_DTYPES, ROUNDINGS, SCALE_MODES, bit_view, wide_range_input  # noqa: E402
+from formats import FORMAT_IDS, FORMATS, HP_DTYPES, ROUNDINGS, SCALE_MODES, bit_view, every_code_every_scale, wide_range_input  # noqa: E402
 from torchmx import dtypes  # noqa: E402
 from torchmx.kernels import triton_backend as tb  # noqa: E402
-from torchmx.numerics import dequantize_mx_reference, pack_codes, quantize_mx_reference  # noqa: E402
+from torchmx.numerics import dequantize_mx_reference, quantize_mx_reference  # noqa: E402
 
 GPU = torch.cuda.is_available()
 INTERPRET = not GPU and os.environ.get("TRITON_INTERPRET") == "1"
@@ -139,11 +139,7 @@ def test_quantize_every_option(fmt, scale_mode, rounding):
 @pytest.mark.parametrize("fmt", ALL_FORMATS, ids=ALL_IDS)
 @pytest.mark.parametrize("target", HP_DTYPES)
 def test_dequantize_every_code_and_scale(fmt, target):
-    # Every code next to every scale byte, including 0 (2**-127) and 255 (NaN), both axes.
-    codes = torch.arange(1 << fmt.bits, dtype=torch.int32)
-    n = codes.numel()
-    scale = torch.arange(256, dtype=torch.int32).to(torch.uint8).unsqueeze(1)
-    data = pack_codes(codes.expand(256, n), fmt)
+    scale, data, n = every_code_every_scale(fmt)  # both axes below
     check_dequantize(scale, data, fmt, n, target, 1, n)
     check_dequantize(scale.t().contiguous(), data.t().contiguous(), fmt, n, target, 0, n)
     # Small blocks: the scale changes inside a row.
