@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..mx_tensor import MXTensor, dequantize
 from ..numerics.arguments import HIGH_PRECISION_DTYPES
-from . import layout, strict
+from . import layout, strict, weight_matmul
 from ._registry import implements, implements_torch_function
 from ._util import bind, describe
 
@@ -193,7 +193,11 @@ def _other_reduction(other) -> int:
 def _mx_matmul_handler(func, args, kwargs):
     v = bind(func, args, kwargs)
     a, b, bias = v["self"], v["other"], v["bias"]
-    _logical_dtype("mx_matmul", {"self": a, "other": b, "bias": bias})
+    dtype = _logical_dtype("mx_matmul", {"self": a, "other": b, "bias": bias})
+    if dtype == v["out_dtype"]:
+        fast = weight_matmul.route(a, b, bias, v["alpha"], v["beta"], out_dtype=dtype)
+        if fast is not None:
+            return fast
     a, b = _exact("matmul", "self", a, -1), _exact("matmul", "other", b, _other_reduction(b))
     return func(a, b, _exact("matmul", "bias", bias, None), out_dtype=v["out_dtype"],
                 alpha=v["alpha"], beta=v["beta"])
@@ -203,7 +207,11 @@ def _mx_matmul_handler(func, args, kwargs):
 def _mx_linear_handler(func, args, kwargs):
     v = bind(func, args, kwargs)
     x, w, bias = v["input"], v["weight"], v["bias"]
-    _logical_dtype("linear", {"input": x, "weight": w, "bias": bias})
+    dtype = _logical_dtype("linear", {"input": x, "weight": w, "bias": bias})
+    if dtype == v["out_dtype"]:
+        fast = weight_matmul.route_linear(x, w, bias, out_dtype=dtype)
+        if fast is not None:
+            return fast
     x, w = _exact("linear", "input", x, -1), _exact("linear", "weight", w, -1)
     return _call(x, _linear_other(w), _exact("linear", "bias", bias, None),
                  out_dtype=v["out_dtype"])
@@ -247,12 +255,24 @@ _ATEN_MATMULS = {
 }
 
 
+# Where the right operand can be an MX weight for weight_matmul.route (a cheap view to build).
+_WEIGHT_ROUTABLE = (aten.mm.default, aten.addmm.default, aten.matmul.default)
+
+
 @implements(*_ATEN_MATMULS)
 def _aten_matmul(func, args, kwargs):
     v = bind(func, args, kwargs)
     operands, to_product = _ATEN_MATMULS[func]
     name = func.overloadpacket.__name__
     dtype = _logical_dtype(name, {k: v.get(k) for k, _ in operands})
+    if func is aten.linear.default:
+        fast = weight_matmul.route_linear(v["input"], v["weight"], v.get("bias"), out_dtype=dtype)
+    elif func in _WEIGHT_ROUTABLE:
+        fast = weight_matmul.route(*to_product(v), out_dtype=dtype)
+    else:
+        fast = None
+    if fast is not None:
+        return fast
     for k, reduction_dim in operands:
         if callable(reduction_dim):
             reduction_dim = reduction_dim(v[k])

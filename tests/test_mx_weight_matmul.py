@@ -1,0 +1,286 @@
+"""The MX-weight matmul kernels (torchmx/kernels/matmul.py) and their dispatch from MXTensor.
+
+On CPU the Triton kernels run under the interpreter on small shapes (conftest sets it); on a
+CUDA machine the same tests run on the GPU, plus real sizes and the large-M cuBLAS path.
+
+Two kinds of check:
+- exact: operands whose products and partial sums are all exact in fp32 (small integers times
+  MX values of bounded magnitude), so every fp32 accumulation order gives the same sum and the
+  kernels must equal the reference path bit for bit;
+- random: within the error bound of an fp32 accumulation plus one rounding of the exact
+  (fp64) product.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchmx import MXTensor, dtypes
+from torchmx.mx_tensor import MXLayoutWarning, reset_layout_warning
+from torchmx.kernels import matmul as km
+from torchmx.mx_ops import weight_matmul
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+FORMATS = ["float8_e4m3", "float8_e5m2", "float6_e3m2", "float6_e2m3", "float4_e2m1", "int8"]
+VARIANTS = {  # small tiles, K split, several blocks per step: every code path of the kernel
+    "rows": km.Config(km.ROWS, 16, 2, 2),
+    "rows_nb4": km.Config(km.ROWS, 16, 1, 4),
+    "block_dots": km.Config(km.BLOCK_DOTS, 16, 2, 1),
+    "scaled_dots": km.Config(km.SCALED_DOTS, 32, 3, 2),
+}
+
+
+@pytest.fixture
+def kernels_on_cpu(monkeypatch):
+    """Route MXTensor matmuls on CPU through the kernels too (Triton's interpreter)."""
+    monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
+
+
+def _integer_operands(fmt, M, N, K, dtype, block_size=32, seed=0):
+    """x: integers in [-4, 4]; W: integers in [-6, 6] quantized (values are multiples of 1/4
+    of magnitude <= 16), so every partial sum is a multiple of 1/4 below 2**24 / 4: exact."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-4, 5, (M, K), generator=g).to(dtype)
+    w = torch.randint(-6, 7, (N, K), generator=g).to(dtype)
+    return x.to(DEVICE), MXTensor.to_mx(w.to(DEVICE), fmt, block_size)
+
+
+def _reference(x, w, bias=None):
+    """The generic exact path: fp32 dequantize, fp32 matmul, one rounding."""
+    out = x.float() @ w.dequantize(torch.float32).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+def _within_fp32_accumulation(out, x, w, bias=None):
+    wd = w.dequantize(torch.float32).double()
+    exact = x.double() @ wd.t()
+    magnitude = x.double().abs() @ wd.abs().t()
+    if bias is not None:
+        exact, magnitude = exact + bias.double(), magnitude + bias.double().abs()
+    ulp = 2.0 ** -8 if out.dtype == torch.bfloat16 else 2.0 ** -11
+    bound = magnitude * (x.shape[-1] + 2) * 2.0 ** -24 + exact.abs() * ulp
+    err = (out.double() - exact).abs()
+    assert not out.isnan().any()
+    assert (err <= bound).all(), f"max error {err.max().item():.3g}"
+
+
+def _fused(x, w, bias, config):
+    return km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, bias,
+                           x.dtype, config=config)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M,N,K", [(1, 20, 96), (3, 17, 200), (18, 40, 70)])
+def test_fused_kernel_is_exact_on_exact_sums(fmt, variant, dtype, M, N, K):
+    if variant == "scaled_dots" and dtype != torch.bfloat16:
+        pytest.skip("the scaled-dots variant takes bf16 activations only")
+    x, w = _integer_operands(fmt, M, N, K, dtype)
+    bias = torch.randint(-8, 9, (N,)).to(dtype).to(DEVICE)
+    out = _fused(x, w, bias, VARIANTS[variant])
+    assert out.dtype == dtype and out.shape == (M, N)
+    torch.testing.assert_close(out, _reference(x, w, bias), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_fused_kernel_random_within_fp32_accumulation(fmt, variant, block_size):
+    torch.manual_seed(1)
+    M, N, K = (1, 33, 3 * block_size + 10) if variant.startswith("rows") else (5, 33, 200)
+    x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
+    w = MXTensor.to_mx(torch.randn(N, K, device=DEVICE) * 4, fmt, block_size)
+    bias = torch.randn(N, dtype=torch.bfloat16, device=DEVICE)
+    _within_fp32_accumulation(_fused(x, w, bias, VARIANTS[variant]), x, w, bias)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_fused_kernel_special_values(variant):
+    """A NaN scale byte makes its rows NaN; a NaN element code its row; Inf codes (e5m2)
+    give Inf; extreme scales are exact."""
+    M, N, K = 2, 6, 64
+    x = torch.ones(M, K, dtype=torch.bfloat16, device=DEVICE)
+    w = MXTensor.to_mx(torch.ones(N, K, device=DEVICE), "float8_e4m3", 32)
+    scale, data = w._scale_e8m0.clone(), w._data.clone()
+    scale[0, 1] = 255  # NaN scale
+    data[1, 5] = 0x7F  # e4m3 NaN
+    scale[2, :] = 254  # 2**127: the row's values are 2**127 each: the sum overflows to Inf
+    scale[3, :] = 0  # 2**-127: exact in fp32 (subnormal), products tiny
+    w = w._replace(scale, data)
+    out = _fused(x, w, None, VARIANTS[variant]).float()
+    assert out[:, 0].isnan().all() and out[:, 1].isnan().all()
+    assert (out[:, 2] == float("inf")).all()
+    ref = _reference(x, w).float()
+    torch.testing.assert_close(out[:, 3:], ref[:, 3:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_fused_kernel_empty_and_strided(variant):
+    w = MXTensor.to_mx(torch.randn(8, 64, device=DEVICE), "float4_e2m1", 32)
+    x = torch.randn(0, 64, dtype=torch.bfloat16, device=DEVICE)
+    assert _fused(x, w, None, VARIANTS[variant]).shape == (0, 8)
+    # x with a huge row stride and a non-unit column stride
+    big = torch.randn(3, 2, 1000, dtype=torch.bfloat16, device=DEVICE)
+    x = big[:, 0, 100:228:2]
+    x_exact, w_exact = _integer_operands("float4_e2m1", 3, 8, 64, torch.bfloat16)
+    x = x.copy_(x_exact)
+    torch.testing.assert_close(_fused(x, w_exact, None, VARIANTS[variant]),
+                               _reference(x_exact, w_exact), rtol=0, atol=0)
+
+
+def test_supported_formats_and_block_sizes():
+    for name in FORMATS:
+        assert km.supported(dtypes.from_name(name), 32, torch.bfloat16)
+        assert km.supported(dtypes.from_name(name), 32, torch.float16)
+    assert not km.supported(dtypes.float4_e2m1, 16, torch.bfloat16)  # dot K of 8 codes
+    assert not km.supported(dtypes.float4_e2m1, 48, torch.bfloat16)
+    assert not km.supported(dtypes.float8_e4m3, 32, torch.float32)
+    assert km.supported(dtypes.ExMy(1, 6), 32, torch.bfloat16)  # every ExMy fits bf16
+    assert km.supported(dtypes.ExMy(4, 3, bias=20), 32, torch.bfloat16)
+    assert not km.supported(dtypes.ExMy(5, 2), 32, torch.float16)  # 2**16 overflows fp16
+
+
+# ---------------------------------------------------------------------------- dispatch
+
+def _count_kernel_calls(monkeypatch):
+    calls = []
+    original = km.linear
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(km, "linear", counting)
+    return calls
+
+
+@pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e4m3", "float6_e2m3"])
+def test_dispatch_linear_matmul_mm_addmm(kernels_on_cpu, monkeypatch, fmt):
+    calls = _count_kernel_calls(monkeypatch)
+    x, w = _integer_operands(fmt, 6, 24, 96, torch.bfloat16)
+    bias = torch.randint(-3, 4, (24,)).to(torch.bfloat16).to(DEVICE)
+    with_bias, without = _reference(x, w, bias), _reference(x, w)
+    x3 = x.reshape(2, 3, 96)
+    results = {
+        "F.linear": (F.linear(x, w, bias), with_bias),
+        "F.linear 3-d": (F.linear(x3, w, bias).reshape(6, 24), with_bias),
+        "x @ w.t()": (torch.matmul(x3, w.t()).reshape(6, 24), without),
+        "torch.mm": (torch.mm(x, w.t()), without),
+        "torch.addmm": (torch.addmm(bias, x, w.t()), with_bias),
+        "1-d x": (torch.stack([F.linear(row, w, bias) for row in x]), with_bias),
+    }
+    for name, (out, expected) in results.items():
+        torch.testing.assert_close(out, expected, rtol=0, atol=0, msg=name)
+    assert len(calls) == 5 + 6
+
+
+def test_dispatch_mx_activations(kernels_on_cpu, monkeypatch):
+    calls = _count_kernel_calls(monkeypatch)
+    x, w = _integer_operands("float8_e4m3", 4, 16, 64, torch.bfloat16)
+    x_mx = MXTensor.to_mx(x, "float8_e4m3", 32)
+    torch.testing.assert_close(F.linear(x_mx, w), _reference(x, w), rtol=0, atol=0)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("case", ["fp32", "blocks along N", "block 16", "alpha", "2-d bias",
+                                  "mx bias", "activations blocked along M"])
+def test_dispatch_falls_back_to_the_exact_path(kernels_on_cpu, monkeypatch, case):
+    calls = _count_kernel_calls(monkeypatch)
+    reset_layout_warning()
+    dtype = torch.float32 if case == "fp32" else torch.bfloat16
+    x = torch.randn(4, 64, dtype=dtype, device=DEVICE)
+    w_hp = torch.randn(32, 64, dtype=dtype, device=DEVICE)
+    w = MXTensor.to_mx(w_hp, "float4_e2m1", 16 if case == "block 16" else 32,
+                       block_dim=0 if case == "blocks along N" else -1)
+    if case == "blocks along N":
+        with pytest.warns(MXLayoutWarning):
+            out = F.linear(x, w)
+    elif case == "alpha":
+        out = torch.addmm(torch.zeros(32, dtype=dtype, device=DEVICE), x, w.t(), alpha=2)
+    elif case == "2-d bias":
+        out = torch.addmm(torch.zeros(4, 32, dtype=dtype, device=DEVICE), x, w.t())
+    elif case == "mx bias":
+        bias = MXTensor.to_mx(torch.randn(32, dtype=dtype, device=DEVICE), "float8_e4m3", 32)
+        out = F.linear(x, w, bias)
+    elif case == "activations blocked along M":
+        x_mx = MXTensor.to_mx(torch.randn(64, 64, dtype=dtype, device=DEVICE), "float8_e4m3",
+                              32, block_dim=0)
+        with pytest.warns(MXLayoutWarning):
+            out = F.linear(x_mx, w)
+    else:
+        out = F.linear(x, w)
+    assert out.dtype == dtype
+    assert calls == []
+
+
+def test_reference_backend_env_disables_the_kernels(kernels_on_cpu, monkeypatch):
+    monkeypatch.setenv("TORCHMX_BACKEND", "reference")
+    calls = _count_kernel_calls(monkeypatch)
+    x, w = _integer_operands("float4_e2m1", 2, 8, 64, torch.bfloat16)
+    torch.testing.assert_close(F.linear(x, w), _reference(x, w), rtol=0, atol=0)
+    assert calls == []
+
+
+def test_op_reference_implementation_matches_the_generic_path():
+    """mx_weight_linear's own non-kernel implementation (any device without the kernels)."""
+    torch.manual_seed(0)
+    w = MXTensor.to_mx(torch.randn(24, 80), "float6_e3m2", 32)
+    x = torch.randn(3, 80, dtype=torch.bfloat16)
+    bias = torch.randn(24, dtype=torch.bfloat16)
+    out = torch.ops.torchmx.mx_weight_linear(x, w._scale_e8m0, w._data, "float6_e3m2", 32, 80,
+                                             bias, torch.bfloat16)
+    torch.testing.assert_close(out, _reference(x, w, bias), rtol=0, atol=0)
+
+
+def test_compile_and_grad_through_the_kernels(kernels_on_cpu, monkeypatch):
+    from torchmx.config import MXConfig, QLinearConfig
+    from torchmx.quant_api import quantize_linear_
+    calls = _count_kernel_calls(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    model = model.to(DEVICE, torch.bfloat16)
+    quantize_linear_(model, QLinearConfig(MXConfig("float4_e2m1")))
+    x = torch.randn(3, 64, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
+    eager = model(x)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    eager.sum().backward()  # the straight-through gradient of x still flows
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert len(calls) >= 4
+
+
+# ---------------------------------------------------------------------------- GPU only
+
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+@gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M", [1, 2, 16, 64, 65, 300])
+def test_gpu_both_paths_real_sizes(fmt, dtype, M):
+    torch.manual_seed(M)
+    N, K = 1536, 4096 + 96
+    w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)
+    x = torch.randn(M, K, dtype=dtype, device="cuda")
+    bias = torch.randn(N, dtype=dtype, device="cuda")
+    _within_fp32_accumulation(F.linear(x, w, bias), x, w, bias)
+    xi, wi = _integer_operands(fmt, M, N, 1024, dtype)
+    torch.testing.assert_close(F.linear(xi, wi), _reference(xi, wi), rtol=0, atol=0)
+
+
+@gpu
+def test_gpu_cuda_graph_capture():
+    w = MXTensor.to_mx(torch.randn(512, 1024, device="cuda"), "float4_e2m1", 32)
+    x = torch.randn(1, 1024, dtype=torch.bfloat16, device="cuda")
+    expected = F.linear(x, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = F.linear(x, w)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)

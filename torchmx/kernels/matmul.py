@@ -1,0 +1,203 @@
+"""MX-weight matmuls on CUDA: F.linear(x, W) with W an MX matrix [N, K] (blocks along K).
+
+Two paths, both exact products of the dequantized operands accumulated in fp32 and rounded
+once to the output dtype:
+
+- M <= SMALL_M activation rows (decode): the fused Triton kernel of matmul_kernels.py. The
+  weight stays packed in memory and is decoded in registers; the scales multiply fp32 block
+  partials, so no element is ever rounded.
+- larger M (prefill, training): the weight is dequantized to bf16 (one pass of the dequantize
+  kernel) and multiplied by cuBLAS with fp32 accumulation (bf16 reduced-precision reductions
+  off). Every MX value of every format is exact in bf16 except fp8 values below bf16's normal
+  range, 2**-126, which only blocks with a scale below 2**-118 can hold: they are rounded to
+  bf16's subnormal grid (round half to even). fp16 activations are split into two bf16 parts
+  (x = hi + lo exactly) whose products are accumulated in fp32.
+
+Which formats qualify: those whose unscaled values the activation dtype holds exactly (all
+OCP formats in bf16 and fp16; custom ExMy formats when their mantissa and exponent range fit),
+block sizes 32..256 that are powers of two, activations in bf16 or fp16.
+"""
+
+import contextlib
+import functools
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .. import dtypes
+
+__all__ = ["SMALL_M", "supported", "linear", "fused_linear", "dequantized_linear", "Config"]
+
+# Up to this many activation rows the fused kernel beats dequantize + cuBLAS (measured on an
+# H200, benchmarks/bench_gpu_matmul.py).
+SMALL_M = 64
+# Up to this many rows, one program per activation row with fp32 multiply-adds; above,
+# tensor-core dots with the activation rows padded to 16.
+ROWS_MAX_M = 1
+
+_BLOCK_SIZES = (32, 64, 128, 256)
+# (mantissa bits, largest exponent, exponent of the smallest subnormal) of each dtype.
+_DTYPE_RANGE = {torch.bfloat16: (7, 127, -133), torch.float16: (10, 15, -24)}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def supported(fmt: dtypes.DType, block_size: int, dtype: torch.dtype) -> bool:
+    """True when the kernels take an MX weight of this format and block size with
+    activations of `dtype`: the unscaled element values must be exact in `dtype`."""
+    if dtype not in _DTYPE_RANGE or block_size not in _BLOCK_SIZES:
+        return False
+    mantissa, emax, min_exponent = _DTYPE_RANGE[dtype]
+    if fmt.kind == "int":  # code / 2**m with |code| <= 127: 7 significant bits
+        return mantissa >= 6 and -fmt.mantissa_bits >= min_exponent
+    return (fmt.mantissa_bits <= mantissa and fmt.emax <= emax
+            and fmt.min_exponent - fmt.mantissa_bits >= min_exponent)
+
+
+ROWS, BLOCK_DOTS, SCALED_DOTS = 0, 1, 2  # the kernel's variants (matmul_kernels.py)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Launch parameters of the fused kernel (see `_default_config`): the variant, output
+    columns per program, K split across programs, blocks per loop step (NB)."""
+    variant: int
+    block_n: int
+    split_k: int
+    blocks: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _default_config(M: int, N: int, blocks_k: int, dtype: torch.dtype,
+                    device: torch.device) -> Config:
+    """Enough programs to fill every SM about four times over, splitting K when N alone
+    gives too few tiles."""
+    if M <= ROWS_MAX_M:
+        variant, block_n, blocks = ROWS, 32, 4
+    elif dtype == torch.bfloat16:
+        variant, block_n, blocks = SCALED_DOTS, 64, 4
+    else:
+        variant, block_n, blocks = BLOCK_DOTS, 64, 1
+    tiles = -(-N // block_n) * (M if variant == ROWS else -(-M // _block_m(M)))
+    split_k = 1
+    while tiles * split_k < 4 * _sm_count(device) and blocks_k // (2 * split_k) >= 2 * blocks:
+        split_k *= 2
+    return Config(variant, block_n, split_k, blocks)
+
+
+def _block_m(M: int) -> int:
+    return 16 if M <= 16 else (32 if M <= 32 else 64)
+
+
+@functools.lru_cache(maxsize=None)
+def _format_constants(fmt: dtypes.DType, device_type: str) -> dict:
+    is_int = fmt.kind == "int"
+    m = fmt.mantissa_bits
+    fast = 0
+    if device_type == "cuda" and not _interpreting():
+        fast = {dtypes.float8_e4m3: 1, dtypes.float8_e5m2: 2, dtypes.float4_e2m1: 3}.get(fmt, 0)
+    return dict(
+        FAST=fast, CPG=fmt.codes_per_group,
+        IS_INT=is_int, BITS=fmt.bits, MBITS=m, HAS_INF=fmt.has_inf, HAS_NAN=fmt.has_nan,
+        LSB=2.0 ** -m if is_int else 2.0 ** (fmt.min_exponent - m),
+        TO_VALUE=2.0 ** (127 - fmt.exponent_bias),
+    )
+
+
+def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
+                 fmt: dtypes.DType, block_size: int, bias: Optional[torch.Tensor],
+                 out_dtype: torch.dtype, config: Optional[Config] = None) -> torch.Tensor:
+    """x [M, K] (bf16/fp16) @ W.T + bias with the fused kernel; W [N, K] given by its codes
+    `w_data` [N, packed(K)] and scale bytes `w_scale` [N, ceil(K / block_size)]."""
+    from . import matmul_kernels as kernels
+
+    M, K = x.shape
+    N, blocks_k = w_scale.shape
+    out = torch.empty((M, N), dtype=out_dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
+    cfg = config or _default_config(M, N, blocks_k, x.dtype, x.device)
+    if cfg.variant == SCALED_DOTS and x.dtype != torch.bfloat16:
+        raise ValueError("the scaled-dots variant needs bf16 activations")
+    block_m = 1 if cfg.variant == ROWS else _block_m(M)
+    nb = 1 if cfg.variant == BLOCK_DOTS else cfg.blocks
+    per_split = -(-blocks_k // cfg.split_k)
+    per_split = -(-per_split // nb) * nb
+    split_k = -(-blocks_k // per_split)
+    ws = (torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1
+          else out)
+    grid = (-(-N // cfg.block_n), split_k, -(-M // block_m))
+    interpreter = _interpreting()
+    kernels.mx_weight_matmul_kernel[grid](
+        x, w_data, w_scale, bias if bias is not None else out, out, ws,
+        M, N, K, blocks_k, per_split,
+        x.stride(0), x.stride(1), w_data.stride(0), w_data.stride(1),
+        w_scale.stride(0), w_scale.stride(1), out.stride(0), out.stride(1),
+        BLOCK=block_size, BLOCK_M=block_m, BLOCK_N=cfg.block_n, NB=nb, VARIANT=cfg.variant,
+        SPLIT=split_k > 1, HAS_BIAS=bias is not None, INTERPRETER=interpreter,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **_format_constants(fmt, x.device.type),
+    )
+    if split_k > 1:
+        block = 1024
+        kernels.reduce_splits_kernel[(-(-M * N // block),)](
+            ws, bias if bias is not None else out, out, M, N, out.stride(0), out.stride(1),
+            SPLIT_K=split_k, BLOCK=block, HAS_BIAS=bias is not None, INTERPRETER=interpreter)
+    return out
+
+
+@contextlib.contextmanager
+def _fp32_reductions():
+    """cuBLAS may otherwise reduce split-K bf16 partial sums in bf16."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = saved
+
+
+def dequantized_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
+                       fmt: dtypes.DType, block_size: int, K: int, bias: Optional[torch.Tensor],
+                       out_dtype: torch.dtype) -> torch.Tensor:
+    """The large-M path: W dequantized to bf16, then one cuBLAS GEMM with fp32 accumulation."""
+    w = torch.ops.torchmx.dequantize_mx(w_data, w_scale, fmt.name, block_size, torch.bfloat16,
+                                        1, block_dim_size=K).t()
+    with _fp32_reductions():
+        if x.dtype == torch.bfloat16 and out_dtype == torch.bfloat16:
+            return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
+        hi = x.to(torch.bfloat16)
+        lo = (x.float() - hi.float()).to(torch.bfloat16)  # exact: x has 11 significant bits
+        acc = torch.mm(hi, w, out_dtype=torch.float32)
+        acc += torch.mm(lo, w, out_dtype=torch.float32)
+        if bias is not None:
+            acc += bias.float()
+        return acc.to(out_dtype)
+
+
+def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
+           block_size: int, K: int, bias: Optional[torch.Tensor],
+           out_dtype: torch.dtype) -> torch.Tensor:
+    """x [..., K] @ W.T + bias, W [N, K] in MX (see the module docstring)."""
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if M <= SMALL_M or x.device.type != "cuda":
+        out = fused_linear(x2, w_scale, w_data, fmt, block_size, bias, out_dtype)
+    else:
+        out = dequantized_linear(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
+    return out.reshape(*x.shape[:-1], w_scale.shape[0])

@@ -1,0 +1,233 @@
+"""Triton kernels of the fused MX-weight matmul: out[m, n] = sum_k x[m, k] * W[n, k] + bias[n].
+
+W is an MX matrix [N, K] with blocks along K: codes `w` [N, packed(K)] (any strides) and E8M0
+scale bytes `s` [N, ceil(K / BLOCK)]. The codes are decoded in registers to their *unscaled*
+values, which every eligible format holds exactly in the activation dtype (bf16 or fp16; the
+host checks), so each block's partial product
+
+    p[m, n] = sum over the block's k of x[m, k] * value(w[n, k])
+
+is a tensor-core dot of exact operands with fp32 accumulation, and the block's scale, an exact
+power of two, multiplies that fp32 partial once: acc += p * 2**(s - 127). Never scaling the
+elements keeps every product exact whatever the scale (a scaled fp8 value can be below bf16's
+normal range), and costs one multiply-add per output element per block, not per weight.
+
+The dot runs with W as the left operand ("swap AB"): N fills the MMA's long side and the few
+activation rows are padded to 16, which is what makes the decode case (M <= 64) memory-bound.
+fp4 is split into its even (low nibble) and odd (high nibble) codes, each dotted with the
+matching half of x: no interleaving of the nibbles in registers.
+
+Split-K: programs along K write fp32 partials [SPLIT_K, M, N] and `_reduce_kernel` adds them
+in a fixed order (deterministic, unlike atomics), adds the bias and rounds once.
+"""
+
+import triton
+import triton.language as tl
+
+from ._tl_numerics import to_output
+
+
+@triton.jit
+def _scale(byte):
+    """2**(byte - 127) as fp32 (byte 0: the subnormal 2**-127; byte 255: NaN)."""
+    value = tl.where(byte > 0, byte << 23, 1 << 22).to(tl.float32, bitcast=True)
+    return tl.where(byte == 255, float("nan"), value)
+
+
+@triton.jit
+def _values(code, dtype: tl.constexpr, FAST: tl.constexpr, IS_INT: tl.constexpr,
+            BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+            LSB: tl.constexpr, TO_VALUE: tl.constexpr):
+    """The unscaled element values of int32 `code` (raw bits) in `dtype`, exactly.
+
+    FAST 1 / 2: fp8 e4m3 / e5m2 through the hardware conversion; FAST 3: fp4 e2m1 moved into
+    an e4m3 byte (its value times 2**-6, exact; the caller multiplies the partial by 64).
+    Otherwise the bits are placed in an fp32 (value * 2**(bias - 127)) and scaled back
+    exactly, as the dequantize kernels do.
+    """
+    if FAST == 1:
+        return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(dtype)
+    elif FAST == 2:
+        return code.to(tl.uint8).to(tl.float8e5, bitcast=True).to(dtype)
+    elif FAST == 3:
+        e4m3 = ((code & 8) << 4) | ((code & 7) << 2)
+        return e4m3.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(dtype)
+    else:
+        if IS_INT:
+            value = ((code << 24) >> 24).to(tl.float32) * LSB
+        else:
+            magnitude = code & ((1 << (BITS - 1)) - 1)
+            placed = (magnitude << (23 - MBITS)) | ((code << (32 - BITS)) & -2147483648)
+            value = placed.to(tl.float32, bitcast=True) * TO_VALUE
+            if HAS_INF:
+                top = (magnitude >> MBITS) == (1 << (BITS - 1 - MBITS)) - 1
+                special = tl.where((magnitude & ((1 << MBITS) - 1)) == 0, float("inf"),
+                                   float("nan"))
+                value = tl.where(top, tl.where(placed < 0, -special, special), value)
+            elif HAS_NAN:
+                value = tl.where(magnitude == (1 << (BITS - 1)) - 1, float("nan"), value)
+        return value.to(dtype)
+
+
+@triton.jit
+def _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.constexpr,
+           NB: tl.constexpr, CPG: tl.constexpr):
+    """int32 codes of the blocks b0 .. b0 + NB - 1 (those at or past `last`, and codes at
+    k >= K, read as 0): [BLOCK_N, NB, BLOCK], or for fp4 the even and odd codes, each
+    [BLOCK_N, NB, BLOCK // 2] (code 2i is the low nibble of byte i)."""
+    G: tl.constexpr = BLOCK // CPG  # packed groups (bytes for fp4) per block
+    j = tl.arange(0, NB)[None, :, None]
+    g = tl.arange(0, G)[None, None, :]
+    group = (b0 + j) * G + g
+    ok = (offs_n < N)[:, None, None] & (group * CPG < K) & (b0 + j < last)
+    rows = w_ptr + offs_n[:, None, None] * stride_wn
+    if CPG == 4:  # fp6: 4 codes in 3 bytes (a little-endian 24-bit word)
+        src = rows + 3 * group * stride_wk
+        word = ((tl.load(src, mask=ok, other=0).to(tl.int32) & 0xFF)
+                | ((tl.load(src + stride_wk, mask=ok, other=0).to(tl.int32) & 0xFF) << 8)
+                | ((tl.load(src + 2 * stride_wk, mask=ok, other=0).to(tl.int32) & 0xFF) << 16))
+        codes = tl.join(tl.join(word & 0x3F, (word >> 12) & 0x3F),
+                        tl.join((word >> 6) & 0x3F, word >> 18))
+        return codes.reshape(offs_n.shape[0], NB, BLOCK), codes
+    raw = tl.load(rows + group * stride_wk, mask=ok, other=0).to(tl.int32) & 0xFF
+    if CPG == 2:
+        return raw & 0xF, raw >> 4
+    return raw, raw
+
+
+@triton.jit
+def _x_tile(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK: tl.constexpr,
+            NB: tl.constexpr, STEP: tl.constexpr, PHASE: tl.constexpr, FLAT: tl.constexpr):
+    """x[m, k] for k = (b0 + j) * BLOCK + STEP * t + PHASE, t < BLOCK // STEP: as
+    [NB * BLOCK // STEP, BLOCK_M] (FLAT, the dot operand) or [NB, BLOCK // STEP] for the one
+    row offs_m (a scalar). 0 past K and past `last`."""
+    W: tl.constexpr = BLOCK // STEP
+    if FLAT:
+        i = tl.arange(0, NB * W)
+        k = (b0 + i // W) * BLOCK + STEP * (i % W) + PHASE
+        ok = (k < K) & (b0 + i // W < last)
+        return tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None] * stride_xk,
+                       mask=ok[:, None] & (offs_m < M)[None, :], other=0.0)
+    j = tl.arange(0, NB)[:, None]
+    k = (b0 + j) * BLOCK + STEP * tl.arange(0, W)[None, :] + PHASE
+    ok = (k < K) & (b0 + j < last)
+    return tl.load(x_ptr + offs_m * stride_xm + k * stride_xk, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def mx_weight_matmul_kernel(
+    x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr,
+    M, N, K, blocks_k, blocks_per_split,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sk, stride_om, stride_on,
+    BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+    VARIANT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, FAST: tl.constexpr,
+    CPG: tl.constexpr, INTERPRETER: tl.constexpr,
+    IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr,
+    HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr,
+):
+    """VARIANT 0 ("rows"): one activation row per program (BLOCK_M = 1), fp32 multiply-adds,
+    each block's partial scaled once. VARIANT 1 ("block dots"): tensor-core dots of one block
+    (NB = 1) of unscaled values, each partial scaled once (exact for any scale). VARIANT 2
+    ("scaled dots"): the values of NB blocks scaled in fp32, rounded to bf16 (exact but for fp8
+    values below 2**-126) and dotted at once."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    first = pid_k * blocks_per_split
+    last = tl.minimum(first + blocks_per_split, blocks_k)
+    STEP: tl.constexpr = 2 if CPG == 2 else 1
+    W: tl.constexpr = BLOCK // STEP
+    dtype = x_ptr.dtype.element_ty
+    if VARIANT == 0:
+        offs_m = pid_m
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    else:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for i in range(0, blocks_per_split, NB):
+        b0 = first + i
+        blk = b0 + tl.arange(0, NB)
+        byte = tl.load(s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk,
+                       mask=n_ok[:, None] & (blk < last)[None, :], other=0).to(tl.int32)
+        scale = tl.where((blk < last)[None, :], _scale(byte), 0.0)  # [BLOCK_N, NB]
+        # FAST 3 reads fp4 codes as e4m3, 2**-6 of their values: the unscaled partials (or
+        # values) are multiplied by 64, exactly, before the scale.
+        first_codes, second_codes = _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk,
+                                           BLOCK, NB, CPG)
+        for p in tl.static_range(STEP):
+            codes = first_codes if p == 0 else second_codes
+            if VARIANT == 0:
+                value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                                LSB, TO_VALUE)
+                x = _x_tile(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK, NB, STEP,
+                            p, False)
+                part = tl.sum(value * x[None, :, :], axis=2)
+                if FAST == 3:
+                    part = part * 64.0
+                acc += tl.sum(part * scale, axis=1)
+            elif VARIANT == 1:
+                x = _x_tile(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK, 1, STEP,
+                            p, True)
+                if INTERPRETER:  # Triton 3.6's interpreter gets bf16 dots wrong: exact fp32
+                    value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF,
+                                    HAS_NAN, LSB, TO_VALUE).reshape(BLOCK_N, W)
+                    part = tl.dot(value, x.to(tl.float32), input_precision="ieee")
+                else:
+                    value = _values(codes, dtype, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                                    LSB, TO_VALUE).reshape(BLOCK_N, W)
+                    part = tl.dot(value, x)
+                if FAST == 3:
+                    part = part * 64.0
+                acc += part * scale  # [BLOCK_N, BLOCK_M] * [BLOCK_N, 1]
+            else:
+                value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                                LSB, TO_VALUE)
+                if FAST == 3:
+                    value = value * 64.0
+                value = (value * scale[:, :, None]).reshape(BLOCK_N, NB * W)
+                x = _x_tile(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK, NB, STEP,
+                            p, True)
+                if INTERPRETER:
+                    acc += tl.dot(value.to(dtype).to(tl.float32), x.to(tl.float32),
+                                  input_precision="ieee")
+                else:
+                    acc += tl.dot(value.to(dtype), x)
+    if VARIANT == 0:
+        rows = pid_m
+        cols = offs_n
+        mask = n_ok & (pid_m < M)
+    else:
+        rows = offs_m[None, :]
+        cols = offs_n[:, None]
+        mask = (rows < M) & (cols < N)
+    if not SPLIT:
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+            if VARIANT == 0:
+                acc += bias
+            else:
+                acc += bias[:, None]
+        tl.store(out_ptr + rows * stride_om + cols * stride_on,
+                 to_output(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
+    else:
+        tl.store(ws_ptr + (pid_k * M + rows) * N + cols, acc, mask=mask)
+
+
+@triton.jit
+def reduce_splits_kernel(ws_ptr, bias_ptr, out_ptr, M, N, stride_om, stride_on,
+                         SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         INTERPRETER: tl.constexpr):
+    """out[m, n] = round(sum over splits in order of ws[s, m, n] + bias[n])."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < M * N
+    total = tl.load(ws_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        total += tl.load(ws_ptr + s * M * N + offs, mask=ok, other=0.0)
+    m = offs // N
+    n = offs % N
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + n, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + n * stride_on,
+             to_output(total, out_ptr.dtype.element_ty, INTERPRETER), mask=ok)

@@ -1,0 +1,98 @@
+"""The fast path of matmuls with an MX weight: `torch.ops.torchmx.mx_weight_linear`.
+
+    mx_weight_linear(input, weight_scale, weight_data, elem_dtype_name, block_size,
+                     in_features, bias, out_dtype)
+        = mx_linear(input, W, bias, out_dtype=out_dtype)
+
+for the MX matrix W [N, K] given by its parts: scale bytes [N, ceil(K / block_size)] and codes
+[N, packed(K)] (blocks along K; any strides). On CUDA it runs torchmx/kernels/matmul.py (the
+fused decode kernel for few activation rows, dequantize + cuBLAS for many); elsewhere the
+reference (exact fp32 dequantization, fp32 matmul). It is internal: MXTensor's matmul handlers
+call it below autograd, so it has no autograd formula of its own.
+
+`route` is what the handlers call: the product a @ b (+ bias) when b is a 2-d MX weight
+blocked along the reduction dim and the kernels take it, else None (the generic exact path).
+"""
+
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import dtypes
+from ..mx_tensor import MXTensor, dequantize
+
+__all__ = ["mx_weight_linear", "route", "route_linear", "KERNEL_DEVICES"]
+
+# Devices whose MX-weight matmuls run the kernels. Tests add "cpu" to run them under Triton's
+# interpreter.
+KERNEL_DEVICES = {"cuda"}
+
+
+def _kernels_usable(device: torch.device) -> bool:
+    if os.environ.get("TORCHMX_BACKEND") == "reference" or device.type not in KERNEL_DEVICES:
+        return False
+    from ..ops import backend_for
+    return device.type != "cuda" or backend_for(device) == "triton"
+
+
+@torch.library.custom_op("torchmx::mx_weight_linear", mutates_args=())
+def mx_weight_linear(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
+                     elem_dtype_name: str, block_size: int, in_features: int,
+                     bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+    """F.linear(input, W, bias) rounded once to out_dtype, W [N, K] the MX matrix with blocks
+    along K given by its scale bytes and codes (see the module docstring)."""
+    fmt = dtypes.from_name(elem_dtype_name)
+    if _kernels_usable(input.device):
+        from ..kernels import matmul as kernels
+        return kernels.linear(input, weight_scale, weight_data, fmt, block_size, in_features,
+                              bias, out_dtype)
+    weight = torch.ops.torchmx.dequantize_mx(weight_data, weight_scale, elem_dtype_name,
+                                             block_size, torch.float32, 1,
+                                             block_dim_size=in_features)
+    return torch.ops.torchmx.mx_linear(input, weight, bias, out_dtype=out_dtype)
+
+
+@mx_weight_linear.register_fake
+def _mx_weight_linear_fake(input, weight_scale, weight_data, elem_dtype_name, block_size,
+                           in_features, bias, out_dtype):
+    return input.new_empty((*input.shape[:-1], weight_scale.shape[0]), dtype=out_dtype)
+
+
+def route(a, b, bias=None, alpha=1, beta=1, *, out_dtype: torch.dtype) -> Optional[Tensor]:
+    """alpha * (a @ b) + beta * bias through mx_weight_linear when that applies: b a 2-d
+    MXTensor [K, N] blocked along K, alpha = beta = 1 (see `_route`). Otherwise None."""
+    if alpha != 1 or (bias is not None and beta != 1):
+        return None
+    return _route(a, b, 0, bias, out_dtype)
+
+
+def route_linear(x, weight, bias=None, *, out_dtype: torch.dtype) -> Optional[Tensor]:
+    """F.linear(x, weight, bias) through mx_weight_linear when that applies: weight a 2-d
+    MXTensor [N, K] blocked along K (see `_route`). Otherwise None."""
+    return _route(x, weight, 1, bias, out_dtype)
+
+
+def _route(a, w, k_dim: int, bias, out_dtype: torch.dtype) -> Optional[Tensor]:
+    """The product of `a` [..., K] and the MX weight `w` (K along `k_dim`) plus a 1-d bias,
+    when w is blocked along K on a kernel device, `a` is plain or blocked along its last dim,
+    all share the logical dtype out_dtype, and the kernels take the format. Else None."""
+    if not isinstance(w, MXTensor) or w.dim() != 2 or w.block_dim != k_dim:
+        return None
+    if not _kernels_usable(w.device) or a.dim() == 0 or isinstance(bias, MXTensor):
+        return None
+    if (bias is not None and bias.dim() != 1) or a.dtype != out_dtype or w.dtype != out_dtype:
+        return None
+    from ..kernels import matmul as kernels
+    if not kernels.supported(w.elem_dtype, w.block_size, out_dtype):
+        return None
+    if isinstance(a, MXTensor):
+        if a.block_dim != a.dim() - 1:
+            return None
+        a = dequantize(a, out_dtype)
+    scale, data = w._scale_e8m0, w._data
+    if k_dim == 0:
+        scale, data = scale.t(), data.t()
+    return torch.ops.torchmx.mx_weight_linear(a, scale, data, w.elem_dtype.name, w.block_size,
+                                              w.shape[k_dim], bias, out_dtype)
