@@ -206,8 +206,10 @@ def run_sweep(x):
     triton_backend.TUNING)."""
     rows_like = [dict(elements=e, columns=c, num_warps=w) for e, c, w in
                  ((4096, 128, 4), (8192, 256, 8), (16384, 256, 8), (16384, 512, 16))]
+    thread_like = [dict(blocks=b, row_blocks=r, num_warps=w) for b, r, w in
+                   ((128, 32, 4), (256, 32, 4), (256, 32, 8), (512, 32, 8), (256, 64, 4))]
     variants = {
-        "quantize_rows": rows_like,
+        "quantize_rows_thread": thread_like,
         "quantize_cols": [dict(elements_per_thread=e, num_warps=w) for e, w in
                           ((64, 4), (64, 2), (32, 4), (128, 4))],
         "dequantize_rows": rows_like,
@@ -229,10 +231,10 @@ def run_sweep(x):
                     if kind == "quantize_fused":
                         ms = bench(lambda: tb.quantize_rowwise_colwise(x, fmt, BLOCK, "floor", "even", None))
                     elif kind.startswith("quantize"):
-                        axis = 1 if kind.endswith("rows") else 0
+                        axis = 0 if kind.endswith("cols") else 1
                         ms = bench(lambda: tb.quantize(x, fmt, BLOCK, "floor", "even", axis, None))
                     else:
-                        axis = 1 if kind.endswith("rows") else 0
+                        axis = 0 if kind.endswith("cols") else 1
                         s, d = tb.quantize(x, fmt, BLOCK, "floor", "even", axis, None)
                         ms = bench(lambda: tb.dequantize(d, s, fmt, BLOCK, torch.bfloat16, axis,
                                                          x.shape[axis]))

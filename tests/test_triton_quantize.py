@@ -175,6 +175,17 @@ def test_every_16_bit_value(dtype, fmt):
             check_quantize(x, fmt, 32, "floor", rounding, -1)
 
 
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=ALL_IDS)
+def test_rceil_next_to_every_power_of_two(fmt):
+    """rceil's division-free scale byte (see triton_backend._rceil_constants): amax within a
+    few ulps of max_normal * 2**k for every k, where the rounding of amax / max_normal (to
+    subnormals too) decides the byte; single-element blocks, fp32 input."""
+    k = torch.arange(-160, 130, dtype=torch.float64)
+    centre = (fmt.max * torch.exp2(k)).clamp(max=3.4e38).to(torch.float32).view(torch.int32)
+    bits = (centre[:, None] + torch.arange(-3, 4, dtype=torch.int32)).clamp(0, 0x7F7FFFFF)
+    check_quantize(bits.view(torch.float32), fmt, 1, "rceil", "even", -1)
+
+
 SHAPES = [(), (0,), (5, 0), (0, 64), (1,), (31,), (97,), (3, 5, 7), (2, 129, 3),
           (4096,) if GPU else (700,)]
 

@@ -22,16 +22,16 @@ _HASH_MULTIPLIER = tl.constexpr(0x45D9F3B)
 
 @triton.jit
 def program_coordinates(tiles_c, tiles_r, GRID: tl.constexpr, I64: tl.constexpr):
-    """(b, tile row, tile column) of this program. GRID 2: launched on (tiles_c, B * tiles_r),
-    which saves integer divisions; GRID 1: a 1-d launch (when B * tiles_r > 65535)."""
-    if GRID == 2:
+    """(b, tile row, tile column) of this program. GRID 3: launched on (tiles_c, tiles_r, B),
+    no integer division; GRID 1: a 1-d launch (when tiles_r or B exceed 65535)."""
+    if GRID == 3:
         tc = tl.program_id(0)
-        rest = tl.program_id(1)
+        tr = tl.program_id(1)
+        b = tl.program_id(2)
         if I64:
             tc = tc.to(tl.int64)
-            rest = rest.to(tl.int64)
-        tr = rest % tiles_r
-        b = rest // tiles_r
+            tr = tr.to(tl.int64)
+            b = b.to(tl.int64)
     else:
         pid = tl.program_id(0)
         if I64:
@@ -70,12 +70,26 @@ def _ceil_log2_bits(a):
 
 @triton.jit
 def scale_byte(amax_bits, SCALE_MODE: tl.constexpr, MBITS: tl.constexpr, EMAX: tl.constexpr,
-               MAX_NORMAL: tl.constexpr):
+               MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr, RCEIL_ZERO: tl.constexpr):
     """E8M0 byte (int32 0..255) of blocks whose max |x| has fp32 bits `amax_bits` (int32;
-    NaN and Inf have bits >= 0x7F800000, above every finite value)."""
+    NaN and Inf have bits >= 0x7F800000, above every finite value).
+
+    RCEIL_FRAC / RCEIL_ZERO (see triton_backend._rceil_constants): the mantissa field of
+    MAX_NORMAL and the bits of the largest amax whose rceil byte is 0, or -1 when MAX_NORMAL < 1.
+    """
     finite_bits = tl.minimum(amax_bits, 0x7F7FFFFF)  # keeps the unselected lanes in range
     biased = finite_bits >> 23
-    if SCALE_MODE == 0 and EMAX >= 0:
+    if SCALE_MODE == 3 and RCEIL_FRAC >= 0:
+        # rceil without a division. With M = MAX_NORMAL >= 1, fp32(amax / M) <= 2**k exactly
+        # when amax <= M * 2**k for every k >= -126 (M * 2**k is then a normal fp32 and the
+        # rounding slack of the quotient, under half an ulp of 2**k, is below M * 2**k's ulp),
+        # so e = ceil(log2(amax / M)): floor(log2 amax) - floor(log2 M), plus 1 when amax's
+        # mantissa field is above M's. Bytes below 1 (e <= -127, where subnormal rounding of
+        # the quotient matters) are exactly the amax <= RCEIL_ZERO. Subnormal amax: e <= -126.
+        e = biased - EMAX + ((finite_bits & 0x7FFFFF) > RCEIL_FRAC).to(tl.int32)  # e + 127
+        byte = tl.minimum(tl.maximum(e, 1), 254)
+        byte = tl.where(finite_bits <= RCEIL_ZERO, 0, byte)
+    elif SCALE_MODE == 0 and EMAX >= 0:
         # byte = floor(log2 amax) - emax + 127, clamped: with emax >= 0 every subnormal (and
         # zero) amax clamps to byte 0, so the fp32 exponent field is all that matters.
         byte = tl.maximum(biased - EMAX, 0)

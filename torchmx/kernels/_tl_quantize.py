@@ -127,7 +127,8 @@ def quantize_rows_kernel(
     WORDS: tl.constexpr,
     SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-    MAX_NORMAL: tl.constexpr, BIG_EMAX: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr, RCEIL_ZERO: tl.constexpr,
+    BIG_EMAX: tl.constexpr,
 ):
     """Blocks along C. Scale [B*R, blocks_c]; data [B*R, groups_c * bytes_per_group]."""
     b, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
@@ -143,7 +144,7 @@ def quantize_rows_kernel(
                  mask)
     a = _abs_bits(x)
     amax = tl.max(a, axis=2)  # [TR, NB]
-    byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL)
+    byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO)
     line = b * R + rows  # [TR]
     tl.store(scale_ptr + line[:, None] * blocks_c + blocks[None, :], byte.to(tl.uint8),
              mask=row_ok[:, None] & (blocks < blocks_c)[None, :])
@@ -158,6 +159,85 @@ def quantize_rows_kernel(
                        groups_c, row_ok, TILE_R, TILE_NB, CPG, BITS, BLOCK, BLOCK_P, WORDS)
 
 
+@triton.jit
+def _store_chunks(row_ptr, codes, first, ok, CW: tl.constexpr, CPG: tl.constexpr,
+                  BITS: tl.constexpr):
+    """Store codes [NB, TR, NCH, CW] packed: chunk (b, r, j) holds the codes of columns
+    first[b, 0, j, 0] + 0..CW-1 of the row at row_ptr[0, r, 0, 0]; ok [NB, TR, 1, 1]. The CW
+    codes of a chunk sit in one thread, so a chunk is one vector store (fp6: CW = 8 codes are
+    6 bytes, three 16-bit stores)."""
+    NB: tl.constexpr = codes.shape[0]
+    TR: tl.constexpr = codes.shape[1]
+    NCH: tl.constexpr = codes.shape[2]
+    if CPG == 1:
+        tl.store(row_ptr + first + tl.arange(0, CW)[None, None, None, :], codes.to(tl.uint8),
+                 mask=ok)
+    elif CPG == 2:
+        low, high = tl.split(tl.reshape(codes, [NB, TR, NCH, CW // 2, 2]))
+        tl.store(row_ptr + first // 2 + tl.arange(0, CW // 2)[None, None, None, :],
+                 (low | (high << BITS)).to(tl.uint8), mask=ok)
+    else:
+        even, odd = tl.split(tl.reshape(codes, [NB, TR, NCH, 2, 2, 2]))
+        c0, c2 = tl.split(even)
+        c1, c3 = tl.split(odd)
+        g0, g1 = tl.split(c0 | (c1 << BITS) | (c2 << (2 * BITS)) | (c3 << (3 * BITS)))
+        g0 = tl.expand_dims(g0, 3)  # [NB, TR, NCH, 1], like first
+        g1 = tl.expand_dims(g1, 3)
+        ptr16 = row_ptr.to(tl.pointer_type(tl.int16)) + (first // 8) * 3
+        tl.store(ptr16, (g0 & 0xFFFF).to(tl.int16), mask=ok)
+        tl.store(ptr16 + 1, ((g0 >> 16) | ((g1 & 0xFF) << 8)).to(tl.int16), mask=ok)
+        tl.store(ptr16 + 2, (g1 >> 8).to(tl.int16), mask=ok)
+
+
+@triton.jit
+def chunk_tile(tr, tc, R, blocks_c, BLOCK: tl.constexpr, CW: tl.constexpr,
+               TILE_R: tl.constexpr, TILE_NB: tl.constexpr):
+    """Indices of a one-block-per-thread rows tile [TILE_NB blocks, TILE_R rows, BLOCK / CW
+    chunks, CW]: rows [TR], blocks [NB], ok [NB, TR] and first [NB, 1, NCH, 1], the column of
+    each chunk's first element. CW elements are one 16-byte access; Triton gives the threads to
+    the leading dims (blocks first, so a warp reads along a row) and keeps the chunk dim in
+    registers: all chunks of a block are in one thread."""
+    rows = tr * TILE_R + tl.arange(0, TILE_R)
+    blocks = tc * TILE_NB + tl.arange(0, TILE_NB)
+    ok = (blocks < blocks_c)[:, None] & (rows < R)[None, :]
+    first = blocks[:, None, None, None] * BLOCK + tl.arange(0, BLOCK // CW)[None, None, :, None] * CW
+    return rows, blocks, ok, first
+
+
+@triton.jit(do_not_specialize=["key"])
+def quantize_rows_thread_kernel(
+    x_ptr, scale_ptr, data_ptr, R, C, stride_b, stride_r, tiles_r, tiles_c, blocks_c, key,
+    BLOCK: tl.constexpr, CW: tl.constexpr, TILE_R: tl.constexpr, TILE_NB: tl.constexpr,
+    I64: tl.constexpr, GRID: tl.constexpr, CPG: tl.constexpr, HW_FP8: tl.constexpr,
+    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr, RCEIL_ZERO: tl.constexpr,
+    BIG_EMAX: tl.constexpr,
+):
+    """Blocks along C (unit stride, C % BLOCK == 0), one whole block per thread (chunk_tile).
+    Scale [B*R, blocks_c]; data [B*R, packed(C)]. The amax is a register loop (no shuffles),
+    the scale math runs once per block, every load feeds that amax (so all are issued before
+    any arithmetic) and each chunk leaves as one vector store."""
+    b, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
+    rows, blocks, ok2, first = chunk_tile(tr, tc, R, blocks_c, BLOCK, CW, TILE_R, TILE_NB)
+    ok = ok2[:, :, None, None]
+    cols = first + tl.arange(0, CW)[None, None, None, :]  # [NB, 1, NCH, CW]
+    x = load_f32(x_ptr + b * stride_b + rows[None, :, None, None] * stride_r + cols, ok)
+    a = _abs_bits(x)
+    amax = tl.max(tl.max(a, axis=3), axis=2)  # [NB, TR]
+    byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO)
+    line = b * R + rows  # [TR]
+    tl.store(scale_ptr + line[None, :] * blocks_c + blocks[:, None], byte.to(tl.uint8), mask=ok2)
+    index = 0
+    if ROUNDING == 4:
+        index = line.to(tl.int64)[None, :, None, None] * C + cols
+    codes = _codes(x, a, byte[:, :, None, None], index, key, HW_FP8, ROUNDING, IS_INT, BITS,
+                   MBITS, EMIN, MAX_CODE, BIG_EMAX)
+    row_bytes = C // CPG * (3 if CPG == 4 else 1)
+    _store_chunks(data_ptr + line[None, :, None, None] * row_bytes, codes, first, ok, CW, CPG,
+                  BITS)
+
+
 @triton.jit(do_not_specialize=["key"])
 def quantize_cols_kernel(
     x_ptr, scale_ptr, data_ptr, R, C, stride_b, stride_r, stride_c, tiles_r, tiles_c,
@@ -166,7 +246,8 @@ def quantize_cols_kernel(
     VEC: tl.constexpr, I64: tl.constexpr, GRID: tl.constexpr, CPG: tl.constexpr, HW_FP8: tl.constexpr,
     SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-    MAX_NORMAL: tl.constexpr, BIG_EMAX: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr, RCEIL_ZERO: tl.constexpr,
+    BIG_EMAX: tl.constexpr,
 ):
     """Blocks along R. Scale [B, blocks_r, C]; data [B, groups_r * bytes_per_group, C].
 
@@ -202,7 +283,7 @@ def quantize_cols_kernel(
         a2 = _abs_bits(x2)
         a3 = _abs_bits(x3)
         amax = tl.maximum(amax, tl.maximum(tl.max(a2, axis=1), tl.max(a3, axis=1)))
-    byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL)  # [NB, TC]
+    byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO)  # [NB, TC]
     tl.store(scale_ptr + (b * blocks_r + blocks)[:, None] * C + cols[None, :], byte.to(tl.uint8),
              mask=(blocks < blocks_r)[:, None] & (cols < C)[None, :])
     byte = byte[:, None, :]
@@ -238,7 +319,8 @@ def quantize_fused_kernel(
     WORDS: tl.constexpr,
     SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-    MAX_NORMAL: tl.constexpr, BIG_EMAX: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr, RCEIL_ZERO: tl.constexpr,
+    BIG_EMAX: tl.constexpr,
 ):
     """One read, two outputs: blocks along C (scale_r/data_r, as quantize_rows_kernel) and
     along R (scale_c/data_c, as quantize_cols_kernel). BLOCK is a power of two, BLOCK % CPG == 0.
@@ -284,7 +366,7 @@ def quantize_fused_kernel(
         index = (b * R + first).to(tl.int64)[:, None] * C + cols[None, :]
 
     # Column-wise copy: scale [B, blocks_r, C], data [B, groups_r * bytes_per_group, C].
-    byte_c = scale_byte(amax_c, SCALE_MODE, MBITS, EMAX, MAX_NORMAL)  # [NBR, TC]
+    byte_c = scale_byte(amax_c, SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO)  # [NBR, TC]
     tl.store(scale_c_ptr + (b * blocks_r + rblocks)[:, None] * C + cols[None, :],
              byte_c.to(tl.uint8), mask=(rblocks < blocks_r)[:, None] & col_ok)
     byte_c = tl.reshape(tl.broadcast_to(byte_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
@@ -314,21 +396,21 @@ def quantize_fused_kernel(
     _rows_phase(tl.reshape(x0, [A, TILE_NBC, BLOCK]), tl.reshape(a0, [A, TILE_NBC, BLOCK]),
                 first, index3, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr, blocks_c, groups_c,
                 key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE, ROUNDING, IS_INT, BITS, MBITS,
-                EMIN, EMAX, MAX_CODE, MAX_NORMAL, BIG_EMAX, WORDS)
+                EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS)
     if CPG >= 2:
         _rows_phase(tl.reshape(x1, [A, TILE_NBC, BLOCK]), tl.reshape(a1, [A, TILE_NBC, BLOCK]),
                     first + 1, index3 + C, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr, blocks_c,
                     groups_c, key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE, ROUNDING, IS_INT,
-                    BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, BIG_EMAX, WORDS)
+                    BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS)
     if CPG == 4:
         _rows_phase(tl.reshape(x2, [A, TILE_NBC, BLOCK]), tl.reshape(a2, [A, TILE_NBC, BLOCK]),
                     first + 2, index3 + 2 * C, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr,
                     blocks_c, groups_c, key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE,
-                    ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, BIG_EMAX, WORDS)
+                    ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS)
         _rows_phase(tl.reshape(x3, [A, TILE_NBC, BLOCK]), tl.reshape(a3, [A, TILE_NBC, BLOCK]),
                     first + 3, index3 + 3 * C, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr,
                     blocks_c, groups_c, key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE,
-                    ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, BIG_EMAX, WORDS)
+                    ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS)
 
 
 @triton.jit
@@ -337,11 +419,11 @@ def _rows_phase(x, a, rows, index, b, tc, R, cblocks, pos, scale_ptr, data_ptr, 
                 CPG: tl.constexpr, HW_FP8: tl.constexpr, SCALE_MODE: tl.constexpr,
                 ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
                 MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                MAX_CODE: tl.constexpr, MAX_NORMAL: tl.constexpr, BIG_EMAX: tl.constexpr,
-                WORDS: tl.constexpr):
+                MAX_CODE: tl.constexpr, MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr,
+                RCEIL_ZERO: tl.constexpr, BIG_EMAX: tl.constexpr, WORDS: tl.constexpr):
     """Row-wise quantize of one phase: x [A rows, NBC blocks, BLOCK] of rows `rows` [A]."""
     amax = tl.max(a, axis=2)  # [A, NBC]
-    byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL)
+    byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO)
     line = b * R + rows  # [A]
     row_ok = rows < R
     tl.store(scale_ptr + line[:, None] * blocks_c + cblocks[None, :], byte.to(tl.uint8),

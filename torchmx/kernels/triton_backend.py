@@ -15,9 +15,11 @@ kernel, which reads that dim with a stride (no transpose pass). Block sizes that
 fp4/fp6 group are quantized to one code per byte and packed by a second small pass.
 """
 
+import fractions
 import functools
 import math
 import os
+import struct
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -33,6 +35,7 @@ __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "T
 # docs/kernels.md); benchmarks/bench_gpu_quantize.py --sweep times alternatives.
 TUNING: Dict[str, Dict[str, int]] = {
     "quantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
+    "quantize_rows_thread": {"blocks": 128, "row_blocks": 32, "num_warps": 4},
     "quantize_cols": {"elements_per_thread": 64, "num_warps": 4},
     "quantize_fused": {"row_blocks": 1, "col_blocks": 2, "vec": 8, "num_warps": 1},
     "dequantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
@@ -42,6 +45,7 @@ _DEFAULT_TUNING = {kind: dict(cfg) for kind, cfg in TUNING.items()}
 # Triton's interpreter (CPU tests) pays per program, not per element: large tiles there.
 _INTERPRETER_TUNING: Dict[str, Dict[str, int]] = {
     "quantize_rows": {"elements": 65536, "columns": 1024, "num_warps": 4},
+    "quantize_rows_thread": {"blocks": 2048, "row_blocks": 64, "num_warps": 4},
     "quantize_cols": {"elements_per_thread": 256, "num_warps": 4, "blocks": 64},
     "quantize_fused": {"row_blocks": 4, "col_blocks": 16, "vec": 8, "num_warps": 4},
     "dequantize_rows": {"elements": 65536, "columns": 1024, "num_warps": 4},
@@ -81,13 +85,34 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _f32_bits(value: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def _rceil_constants(fmt: dtypes.DType) -> Tuple[int, int]:
+    """(RCEIL_FRAC, RCEIL_ZERO) of _tl_numerics.scale_byte: the mantissa field of max_normal M,
+    and the bits of the largest fp32 amax with fp32(amax / M) <= 2**-127 (round half to even:
+    amax <= M * (2**-127 + 2**-150)); (-1, -1) where that integer form does not apply."""
+    m = float(fmt.max)
+    if m < 1 or float(struct.unpack("<f", struct.pack("<f", m))[0]) != m \
+            or math.floor(math.log2(m)) != fmt.emax:
+        return -1, -1
+    limit = fractions.Fraction(m) * (fractions.Fraction(1, 2**127) + fractions.Fraction(1, 2**150))
+    bits = _f32_bits(float(limit))  # the double is exact (47 significant bits)
+    if fractions.Fraction(struct.unpack("<f", struct.pack("<i", bits))[0]) > limit:
+        bits -= 1  # the largest fp32 at or below the limit
+    return _f32_bits(m) & 0x7FFFFF, bits
+
+
 @functools.lru_cache(maxsize=None)
 def _format_constants(fmt: dtypes.DType) -> Dict[str, object]:
     is_int = fmt.kind == "int"
     m = fmt.mantissa_bits
+    rceil_frac, rceil_zero = _rceil_constants(fmt)
     return dict(
         IS_INT=is_int, BITS=fmt.bits, MBITS=m, EMIN=0 if is_int else fmt.min_exponent,
         EMAX=fmt.emax, MAX_CODE=fmt.max_code, MAX_NORMAL=float(fmt.max),
+        RCEIL_FRAC=rceil_frac, RCEIL_ZERO=rceil_zero,
         # Rounding by a magic addend 2**(p + 23 - m) needs p + 23 - m <= 127 (p <= emax + 1):
         # formats with emax close to 127 take the general path.
         BIG_EMAX=(not is_int) and fmt.emax + 1 + 23 - m > 120,
@@ -113,11 +138,7 @@ def _hw_fp8(fmt: dtypes.DType, device: torch.device, rounding: str = "even") -> 
         return 0
     if torch.cuda.get_device_capability(device) < (8, 9):
         return 0
-    if fmt == dtypes.float8_e4m3:
-        return 1
-    if fmt == dtypes.float8_e5m2:
-        return 2
-    return 0
+    return {dtypes.float8_e4m3: 1, dtypes.float8_e5m2: 2}.get(fmt, 0)
 
 
 def _merge(sizes, strides):
@@ -180,6 +201,28 @@ def _rows_tile(kind: str, block_p: int, blocks: int, rows: int):
     return tile_r, tile_nb, cfg["num_warps"]
 
 
+def _thread_rows(elem_size: int, block_size: int, n: int, cpg: int, unit_stride: bool):
+    """CW (elements per 16-byte load) when quantize_rows_thread_kernel applies (blocks of 8 to
+    64 along a unit-stride dim that they divide; fp6, whose 8-code chunks are 6 bytes, with
+    16-bit elements only), else None."""
+    cw = 16 // elem_size
+    if os.environ.get("TORCHMX_TRITON_THREAD_ROWS", "1") == "0" or not unit_stride:
+        return None
+    if block_size not in (8, 16, 32, 64) or block_size % cw or n % block_size:
+        return None
+    if cpg == 4 and cw != 8:
+        return None
+    return cw
+
+
+def _thread_rows_tile(kind: str, blocks: int, rows: int):
+    """(rows, blocks) per tile and warps of a one-block-per-thread rows kernel."""
+    cfg = _tuning(kind)
+    tile_nb = max(1, min(_next_pow2(blocks), cfg["row_blocks"]))
+    tile_r = max(1, min(_next_pow2(rows), cfg["blocks"] // tile_nb))
+    return tile_r, tile_nb, cfg["num_warps"]
+
+
 def _cols_tile(kind: str, block_p: int, blocks: int, cols: int):
     """(blocks per tile, columns per tile, columns per thread, warps) of a "cols" kernel.
 
@@ -201,10 +244,10 @@ def _cols_tile(kind: str, block_p: int, blocks: int, cols: int):
 
 
 def _grid(B: int, tiles_r: int, tiles_c: int):
-    """(launch grid, GRID constexpr): 2-d (tiles_c, B * tiles_r) when it fits CUDA's 65535
-    limit on the second dim, else 1-d."""
-    if B * tiles_r <= 65535:
-        return (tiles_c, B * tiles_r), 2
+    """(launch grid, GRID constexpr): 3-d (tiles_c, tiles_r, B) when it fits CUDA's 65535
+    limit on the second and third dims, else 1-d."""
+    if tiles_r <= 65535 and B <= 65535:
+        return (tiles_c, tiles_r, B), 3
     return (B * tiles_r * tiles_c,), 1
 
 
@@ -233,7 +276,18 @@ def _launch_quantize(x3, view, strides, scale, data, fmt, block_size, scale_mode
     common = dict(BLOCK=block_size, BLOCK_P=block_p, I64=i64, CPG=cpg, HW_FP8=hw_fp8,
                   SCALE_MODE=SCALE_MODES.index(scale_mode),
                   ROUNDING=ROUNDING_MODES.index(rounding), **_format_constants(fmt))
-    if blocks_on_c:
+    cw = _thread_rows(x3.element_size(), block_size, C, cpg,
+                      strides[2] == 1 or C == 1) if blocks_on_c else None
+    if cw is not None:
+        common.pop("BLOCK_P")
+        tile_r, tile_nb, warps = _thread_rows_tile("quantize_rows_thread", blocks, B * R)
+        tiles_r, tiles_c = _cdiv(R, tile_r), _cdiv(blocks, tile_nb)
+        grid, grid_kind = _grid(B, tiles_r, tiles_c)
+        tq.quantize_rows_thread_kernel[grid](
+            x3, scale, data, R, C, strides[0], strides[1], tiles_r, tiles_c, blocks,
+            _signed32(key), CW=cw, TILE_R=tile_r, TILE_NB=tile_nb, GRID=grid_kind,
+            num_warps=warps, **common)
+    elif blocks_on_c:
         common["WORDS"] = _fp6_words(cpg, block_size, C)
         tile_r, tile_nb, warps = _rows_tile("quantize_rows", block_p, blocks, B * R)
         tiles_r, tiles_c = _cdiv(R, tile_r), _cdiv(blocks, tile_nb)
