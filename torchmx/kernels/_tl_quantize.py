@@ -160,12 +160,12 @@ def quantize_rows_kernel(
 
 
 @triton.jit
-def _store_chunks(row_ptr, codes, first, ok, CW: tl.constexpr, CPG: tl.constexpr,
-                  BITS: tl.constexpr):
+def _store_chunks(row_ptr, codes, blocks, first, ok, BLOCK: tl.constexpr, CW: tl.constexpr,
+                  CPG: tl.constexpr, BITS: tl.constexpr):
     """Store codes [NB, TR, NCH, CW] packed: chunk (b, r, j) holds the codes of columns
     first[b, 0, j, 0] + 0..CW-1 of the row at row_ptr[0, r, 0, 0]; ok [NB, TR, 1, 1]. The CW
-    codes of a chunk sit in one thread, so a chunk is one vector store (fp6: CW = 8 codes are
-    6 bytes, three 16-bit stores)."""
+    codes of a chunk sit in one thread, so a chunk is one vector store (fp6: every 32 codes of
+    a block, 24 bytes, leave as three 8-byte stores; BLOCK % 32 == 0)."""
     NB: tl.constexpr = codes.shape[0]
     TR: tl.constexpr = codes.shape[1]
     NCH: tl.constexpr = codes.shape[2]
@@ -176,17 +176,26 @@ def _store_chunks(row_ptr, codes, first, ok, CW: tl.constexpr, CPG: tl.constexpr
         low, high = tl.split(tl.reshape(codes, [NB, TR, NCH, CW // 2, 2]))
         tl.store(row_ptr + first // 2 + tl.arange(0, CW // 2)[None, None, None, :],
                  (low | (high << BITS)).to(tl.uint8), mask=ok)
-    else:
+    else:  # CW = 8: 32 codes (4 chunks) = 24 bytes = 3 aligned 8-byte stores
         even, odd = tl.split(tl.reshape(codes, [NB, TR, NCH, 2, 2, 2]))
         c0, c2 = tl.split(even)
         c1, c3 = tl.split(odd)
-        g0, g1 = tl.split(c0 | (c1 << BITS) | (c2 << (2 * BITS)) | (c3 << (3 * BITS)))
-        g0 = tl.expand_dims(g0, 3)  # [NB, TR, NCH, 1], like first
-        g1 = tl.expand_dims(g1, 3)
-        ptr16 = row_ptr.to(tl.pointer_type(tl.int16)) + (first // 8) * 3
-        tl.store(ptr16, (g0 & 0xFFFF).to(tl.int16), mask=ok)
-        tl.store(ptr16 + 1, ((g0 >> 16) | ((g1 & 0xFF) << 8)).to(tl.int16), mask=ok)
-        tl.store(ptr16 + 2, (g1 >> 8).to(tl.int16), mask=ok)
+        groups = c0 | (c1 << BITS) | (c2 << (2 * BITS)) | (c3 << (3 * BITS))  # 24-bit words
+        NP: tl.constexpr = NCH // 4
+        e, o = tl.split(tl.reshape(groups, [NB, TR, NP, 2, 2, 2]))  # group 4a + 2b + c
+        e0, e1 = tl.split(e)
+        o0, o1 = tl.split(o)
+        g0, g4 = tl.split(e0)
+        g2, g6 = tl.split(e1)
+        g1, g5 = tl.split(o0)
+        g3, g7 = tl.split(o1)
+        ptr32 = row_ptr.to(tl.pointer_type(tl.int32)) + blocks[:, None, None, None] * (BLOCK // 16 * 3) \
+            + tl.arange(0, NP)[None, None, :, None] * 6
+        pair = tl.arange(0, 2)[None, None, None, :]
+        tl.store(ptr32 + pair, tl.join(g0 | (g1 << 24), (g1 >> 8) | (g2 << 16)), mask=ok)
+        tl.store(ptr32 + 2 + pair, tl.join((g2 >> 16) | (g3 << 8), g4 | (g5 << 24)), mask=ok)
+        tl.store(ptr32 + 4 + pair, tl.join((g5 >> 8) | (g6 << 16), (g6 >> 16) | (g7 << 8)),
+                 mask=ok)
 
 
 @triton.jit
@@ -206,8 +215,8 @@ def chunk_tile(tr, tc, R, blocks_c, BLOCK: tl.constexpr, CW: tl.constexpr,
 
 @triton.jit(do_not_specialize=["key"])
 def quantize_rows_thread_kernel(
-    x_ptr, scale_ptr, data_ptr, R, C, stride_b, stride_r, tiles_r, tiles_c, blocks_c, key,
-    BLOCK: tl.constexpr, CW: tl.constexpr, TILE_R: tl.constexpr, TILE_NB: tl.constexpr,
+    x_ptr, scale_ptr, data_ptr, R, C, stride_b, stride_r, tiles_r, tiles_c, blocks_c, row_bytes,
+    key, BLOCK: tl.constexpr, CW: tl.constexpr, TILE_R: tl.constexpr, TILE_NB: tl.constexpr,
     I64: tl.constexpr, GRID: tl.constexpr, CPG: tl.constexpr, HW_FP8: tl.constexpr,
     SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
@@ -233,9 +242,10 @@ def quantize_rows_thread_kernel(
         index = line.to(tl.int64)[None, :, None, None] * C + cols
     codes = _codes(x, a, byte[:, :, None, None], index, key, HW_FP8, ROUNDING, IS_INT, BITS,
                    MBITS, EMIN, MAX_CODE, BIG_EMAX)
-    row_bytes = C // CPG * (3 if CPG == 4 else 1)
-    _store_chunks(data_ptr + line[None, :, None, None] * row_bytes, codes, first, ok, CW, CPG,
-                  BITS)
+    # row_bytes (packed(C)) is an argument so that Triton sees its divisibility by 16 (aligned
+    # vector stores).
+    _store_chunks(data_ptr + line[None, :, None, None] * row_bytes, codes, blocks, first, ok,
+                  BLOCK, CW, CPG, BITS)
 
 
 @triton.jit(do_not_specialize=["key"])

@@ -203,14 +203,14 @@ def _rows_tile(kind: str, block_p: int, blocks: int, rows: int):
 
 def _thread_rows(elem_size: int, block_size: int, n: int, cpg: int, unit_stride: bool):
     """CW (elements per 16-byte load) when quantize_rows_thread_kernel applies (blocks of 8 to
-    64 along a unit-stride dim that they divide; fp6, whose 8-code chunks are 6 bytes, with
-    16-bit elements only), else None."""
+    64 along a unit-stride dim that they divide; fp6, stored 32 codes at a time, with blocks of
+    32 or 64 and 16-bit elements), else None."""
     cw = 16 // elem_size
     if os.environ.get("TORCHMX_TRITON_THREAD_ROWS", "1") == "0" or not unit_stride:
         return None
     if block_size not in (8, 16, 32, 64) or block_size % cw or n % block_size:
         return None
-    if cpg == 4 and cw != 8:
+    if cpg == 4 and (cw != 8 or block_size % 32):
         return None
     return cw
 
@@ -285,8 +285,8 @@ def _launch_quantize(x3, view, strides, scale, data, fmt, block_size, scale_mode
         grid, grid_kind = _grid(B, tiles_r, tiles_c)
         tq.quantize_rows_thread_kernel[grid](
             x3, scale, data, R, C, strides[0], strides[1], tiles_r, tiles_c, blocks,
-            _signed32(key), CW=cw, TILE_R=tile_r, TILE_NB=tile_nb, GRID=grid_kind,
-            num_warps=warps, **common)
+            groups * (3 if cpg == 4 else 1), _signed32(key), CW=cw, TILE_R=tile_r,
+            TILE_NB=tile_nb, GRID=grid_kind, num_warps=warps, **common)
     elif blocks_on_c:
         common["WORDS"] = _fp6_words(cpg, block_size, C)
         tile_r, tile_nb, warps = _rows_tile("quantize_rows", block_p, blocks, B * R)
