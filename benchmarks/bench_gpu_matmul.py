@@ -118,13 +118,10 @@ def configs_to_sweep(M):
     product = itertools.product
     if M == 1:
         return ([km.Config(km.ROWS, bn, sk, nb) for bn, sk, nb in product(
-                    (16, 32, 64, 128), (2, 4, 8, 16), (2, 4, 8))]
-                + [km.Config(km.ROWS, 32, sk, 4, nw) for sk, nw in product((4, 8, 16), (2, 8))])
-    return ([km.Config(km.SCALED_DOTS, bn, sk, nb) for bn, sk, nb in product(
-                (32, 64, 128), (4, 8, 16), (2, 4, 8))]
-            + [km.Config(km.SCALED_DOTS, 64, sk, 4, 4, ns) for sk, ns in product((8, 16), (3, 4))]
-            + [km.Config(km.BLOCK_DOTS, bn, sk, 1, 4, ns) for bn, sk, ns in product(
-                (32, 64), (8, 16), (2, 4))])
+                    (32, 64, 128, 256), (4, 8, 16), (2, 4))]
+                + [km.Config(km.ROWS, 256, sk, 2, 8) for sk in (4, 8, 16)])
+    return [km.Config(km.SCALED_DOTS, bn, sk, nb) for bn, sk, nb in product(
+        (64, 128), (4, 8, 16), (2, 4))]
 
 
 def sweep(fmts, Ms, N, K):

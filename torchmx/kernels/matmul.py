@@ -38,6 +38,10 @@ SMALL_M = 64
 # tensor-core dots with the activation rows padded to 16.
 ROWS_MAX_M = 1
 
+# How fp4 codes become values on the GPU in the dot variants (matmul_kernels._values): 3
+# through an e4m3 byte and the hardware conversion, 4 through an fp16's bits.
+FP4_DECODE = 4
+
 _BLOCK_SIZES = (32, 64, 128, 256)
 # (mantissa bits, largest exponent, exponent of the smallest subnormal) of each dtype.
 _DTYPE_RANGE = {torch.bfloat16: (7, 127, -133), torch.float16: (10, 15, -24)}
@@ -101,19 +105,38 @@ def _block_m(M: int) -> int:
     return 16 if M <= 16 else (32 if M <= 32 else 64)
 
 
+def _fast_decode(fmt: dtypes.DType, device: torch.device, variant: int = ROWS,
+                 words: bool = False) -> int:
+    """matmul_kernels' FAST: on a GPU the hardware fp8 conversions, and for fp4 FP4_DECODE, or
+    5 (whole 32-bit words through inline PTX) for one activation row when `words` (rows of
+    whole, 4-byte aligned words); 0, the general bit arithmetic, elsewhere."""
+    if device.type != "cuda" or _interpreting():
+        return 0
+    if fmt == dtypes.float4_e2m1:
+        return 5 if variant == ROWS and words else FP4_DECODE
+    return {dtypes.float8_e4m3: 1, dtypes.float8_e5m2: 2}.get(fmt, 0)
+
+
+def _whole_words(w_data: torch.Tensor, K: int) -> bool:
+    """fp4 rows that the kernel may read as aligned 32-bit words."""
+    return (K % 8 == 0 and w_data.stride(1) == 1 and w_data.stride(0) % 4 == 0
+            and w_data.data_ptr() % 4 == 0)
+
+
 @functools.lru_cache(maxsize=None)
-def _format_constants(fmt: dtypes.DType, device_type: str) -> dict:
+def _format_constants(fmt: dtypes.DType) -> dict:
     is_int = fmt.kind == "int"
     m = fmt.mantissa_bits
-    fast = 0
-    if device_type == "cuda" and not _interpreting():
-        fast = {dtypes.float8_e4m3: 1, dtypes.float8_e5m2: 2, dtypes.float4_e2m1: 3}.get(fmt, 0)
     return dict(
-        FAST=fast, CPG=fmt.codes_per_group,
-        IS_INT=is_int, BITS=fmt.bits, MBITS=m, HAS_INF=fmt.has_inf, HAS_NAN=fmt.has_nan,
-        LSB=2.0 ** -m if is_int else 2.0 ** (fmt.min_exponent - m),
+        CPG=fmt.codes_per_group, IS_INT=is_int, BITS=fmt.bits, MBITS=m, HAS_INF=fmt.has_inf,
+        HAS_NAN=fmt.has_nan, LSB=2.0 ** -m if is_int else 2.0 ** (fmt.min_exponent - m),
         TO_VALUE=2.0 ** (127 - fmt.exponent_bias),
     )
+
+
+def _even(N: int, K: int, blocks_k: int, block_size: int, block_n: int, per_split: int) -> bool:
+    """Every tile of the fused kernel whole: no masks needed."""
+    return (N % block_n == 0 and K == blocks_k * block_size and blocks_k % per_split == 0)
 
 
 def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
@@ -148,9 +171,11 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
         x.stride(0), x.stride(1), w_data.stride(0), w_data.stride(1),
         w_scale.stride(0), w_scale.stride(1), out.stride(0), out.stride(1),
         BLOCK=block_size, BLOCK_M=block_m, BLOCK_N=cfg.block_n, NB=nb, VARIANT=cfg.variant,
-        SPLIT=split_k > 1, HAS_BIAS=bias is not None, INTERPRETER=interpreter,
+        SPLIT=split_k > 1, EVEN=_even(N, K, blocks_k, block_size, cfg.block_n, per_split),
+        HAS_BIAS=bias is not None, INTERPRETER=interpreter,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **_format_constants(fmt, x.device.type),
+        FAST=_fast_decode(fmt, x.device, cfg.variant, _whole_words(w_data, K)),
+        **_format_constants(fmt),
     )
     if split_k > 1:
         block = 1024

@@ -41,7 +41,8 @@ def _values(code, dtype: tl.constexpr, FAST: tl.constexpr, IS_INT: tl.constexpr,
     """The unscaled element values of int32 `code` (raw bits) in `dtype`, exactly.
 
     FAST 1 / 2: fp8 e4m3 / e5m2 through the hardware conversion; FAST 3: fp4 e2m1 moved into
-    an e4m3 byte (its value times 2**-6, exact; the caller multiplies the partial by 64).
+    an e4m3 byte (its value times 2**-6, exact); FAST 4: fp4 moved into an fp16 (its value times
+    2**-14, exact). For 3 and 4 the caller multiplies partials by `_fp4_unshift`.
     Otherwise the bits are placed in an fp32 (value * 2**(bias - 127)) and scaled back
     exactly, as the dequantize kernels do.
     """
@@ -52,6 +53,9 @@ def _values(code, dtype: tl.constexpr, FAST: tl.constexpr, IS_INT: tl.constexpr,
     elif FAST == 3:
         e4m3 = ((code & 8) << 4) | ((code & 7) << 2)
         return e4m3.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(dtype)
+    elif FAST == 4:
+        half = ((code & 8) << 12) | ((code & 7) << 9)
+        return half.to(tl.int16).to(tl.float16, bitcast=True).to(dtype)
     else:
         if IS_INT:
             value = ((code << 24) >> 24).to(tl.float32) * LSB
@@ -70,8 +74,18 @@ def _values(code, dtype: tl.constexpr, FAST: tl.constexpr, IS_INT: tl.constexpr,
 
 
 @triton.jit
+def _load(ptrs, mask, EVEN: tl.constexpr):
+    """tl.load, unmasked (so it can be vectorized) when every tile is whole; 0 where masked."""
+    if EVEN:
+        value = tl.load(ptrs)
+    else:
+        value = tl.load(ptrs, mask=mask, other=0)
+    return value
+
+
+@triton.jit
 def _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.constexpr,
-           NB: tl.constexpr, CPG: tl.constexpr):
+           NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr):
     """int32 codes of the blocks b0 .. b0 + NB - 1 (those at or past `last`, and codes at
     k >= K, read as 0): [BLOCK_N, NB, BLOCK], or for fp4 the even and odd codes, each
     [BLOCK_N, NB, BLOCK // 2] (code 2i is the low nibble of byte i)."""
@@ -83,35 +97,106 @@ def _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.conste
     rows = w_ptr + offs_n[:, None, None] * stride_wn
     if CPG == 4:  # fp6: 4 codes in 3 bytes (a little-endian 24-bit word)
         src = rows + 3 * group * stride_wk
-        word = ((tl.load(src, mask=ok, other=0).to(tl.int32) & 0xFF)
-                | ((tl.load(src + stride_wk, mask=ok, other=0).to(tl.int32) & 0xFF) << 8)
-                | ((tl.load(src + 2 * stride_wk, mask=ok, other=0).to(tl.int32) & 0xFF) << 16))
+        word = ((_load(src, ok, EVEN).to(tl.int32) & 0xFF)
+                | ((_load(src + stride_wk, ok, EVEN).to(tl.int32) & 0xFF) << 8)
+                | ((_load(src + 2 * stride_wk, ok, EVEN).to(tl.int32) & 0xFF) << 16))
         codes = tl.join(tl.join(word & 0x3F, (word >> 12) & 0x3F),
                         tl.join((word >> 6) & 0x3F, word >> 18))
-        return codes.reshape(offs_n.shape[0], NB, BLOCK), codes
-    raw = tl.load(rows + group * stride_wk, mask=ok, other=0).to(tl.int32) & 0xFF
-    if CPG == 2:
-        return raw & 0xF, raw >> 4
-    return raw, raw
+        first = codes.reshape(offs_n.shape[0], NB, BLOCK)
+        second = first
+    else:
+        raw = _load(rows + group * stride_wk, ok, EVEN).to(tl.int32) & 0xFF
+        if CPG == 2:
+            first = raw & 0xF
+            second = raw >> 4
+        else:
+            first = raw
+            second = raw
+    return first, second
 
 
 @triton.jit
-def _x_tile(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK: tl.constexpr,
-            NB: tl.constexpr, STEP: tl.constexpr, PHASE: tl.constexpr, FLAT: tl.constexpr):
-    """x[m, k] for k = (b0 + j) * BLOCK + STEP * t + PHASE, t < BLOCK // STEP: as
-    [NB * BLOCK // STEP, BLOCK_M] (FLAT, the dot operand) or [NB, BLOCK // STEP] for the one
-    row offs_m (a scalar). 0 past K and past `last`."""
-    W: tl.constexpr = BLOCK // STEP
-    if FLAT:
-        i = tl.arange(0, NB * W)
-        k = (b0 + i // W) * BLOCK + STEP * (i % W) + PHASE
-        ok = (k < K) & (b0 + i // W < last)
-        return tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None] * stride_xk,
-                       mask=ok[:, None] & (offs_m < M)[None, :], other=0.0)
+def _x_row(x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr, NB: tl.constexpr,
+           STEP: tl.constexpr, EVEN: tl.constexpr):
+    """One row of x over the blocks b0 .. b0 + NB - 1 as fp32 [NB, BLOCK], loaded contiguously;
+    for fp4 (STEP 2) split into its even and odd columns, [NB, BLOCK // 2] each. 0 past K and
+    past `last`."""
     j = tl.arange(0, NB)[:, None]
-    k = (b0 + j) * BLOCK + STEP * tl.arange(0, W)[None, :] + PHASE
-    ok = (k < K) & (b0 + j < last)
-    return tl.load(x_ptr + offs_m * stride_xm + k * stride_xk, mask=ok, other=0.0).to(tl.float32)
+    k = (b0 + j) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    x = _load(x_row_ptr + k * stride_xk, (k < K) & (b0 + j < last), EVEN).to(tl.float32)
+    if STEP == 2:
+        first, second = tl.split(x.reshape(NB, BLOCK // 2, 2))
+    else:
+        first = x
+        second = x
+    return first, second
+
+
+@triton.jit
+def _x_columns(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK: tl.constexpr,
+               NB: tl.constexpr, STEP: tl.constexpr, EVEN: tl.constexpr):
+    """x[offs_m, k] over the blocks b0 .. b0 + NB - 1, transposed for the dot:
+    [NB * BLOCK, BLOCK_M], or for fp4 its even and odd k, [NB * BLOCK // 2, BLOCK_M] each.
+    Loaded along k (contiguous), split and transposed in registers."""
+    k = b0 * BLOCK + tl.arange(0, NB * BLOCK)
+    ok = (offs_m < M)[:, None] & ((k < K) & (k < last * BLOCK))[None, :]
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :] * stride_xk, mask=ok, other=0.0)
+    if STEP == 2:
+        even, odd = tl.split(x.reshape(offs_m.shape[0], NB * BLOCK // 2, 2))
+        first = tl.trans(even)
+        second = tl.trans(odd)
+    else:
+        first = tl.trans(x)
+        second = first
+    return first, second
+
+
+# Eight fp4 codes of a 32-bit word (code p in bits 4p .. 4p + 3) to fp32 values times 2**-14:
+# codes p and p + 4 are moved into the two halves of an fp16 pair in three logic operations
+# (magnitude bits to fp16 bits 9-11, sign to bit 15), then each half is converted exactly.
+_FP4_WORD_TO_F32 = tl.constexpr("\n".join(
+    ["{", ".reg .b32 a, b, h;", ".reg .b16 lo, hi;"]
+    + [line for p in range(4) for line in (
+        f"shl.b32 a, $8, {9 - 4 * p};" if p < 3 else "shr.b32 a, $8, 3;",
+        "and.b32 a, a, 0x0E000E00;",
+        f"shl.b32 b, $8, {12 - 4 * p};",
+        "and.b32 b, b, 0x80008000;",
+        "or.b32 h, a, b;",
+        "mov.b32 {lo, hi}, h;",
+        f"cvt.f32.f16 ${p}, lo;",
+        f"cvt.f32.f16 ${p + 4}, hi;")]
+    + ["}"]))
+
+
+@triton.jit
+def _fp4_words_row_partial(w_ptr, offs_n, N, K, b0, last, stride_wn, x_row_ptr, stride_xk,
+                           BLOCK: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr):
+    """fp32 [BLOCK_N, NB]: each block's unscaled partial times 2**-14 for one activation row,
+    fp4 codes read as 32-bit words and decoded eight at a time (GPU only: inline PTX; the host
+    checks that rows are whole, 4-byte aligned words)."""
+    WPB: tl.constexpr = BLOCK // 8  # words per block
+    j = tl.arange(0, NB)[None, :, None]
+    word = (b0 + j) * WPB + tl.arange(0, WPB)[None, None, :]
+    ok = (offs_n < N)[:, None, None] & (word * 8 < K) & (b0 + j < last)
+    rows = (w_ptr + offs_n[:, None, None] * stride_wn).to(tl.pointer_type(tl.int32))
+    words = _load(rows + word, ok, EVEN)
+    v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+        _FP4_WORD_TO_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words], dtype=(tl.float32,) * 8,
+        is_pure=True, pack=1)
+    jx = tl.arange(0, NB)[:, None]
+    k = (b0 + jx) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    x = _load(x_row_ptr + k * stride_xk, (k < K) & (b0 + jx < last), EVEN).to(tl.float32)
+    x = x.reshape(NB, WPB, 2, 2, 2)  # k = 8 * word + 4 * b2 + 2 * b1 + b0
+    e0, e1 = tl.split(x)
+    e00, e01 = tl.split(e0)
+    e10, e11 = tl.split(e1)
+    x0, x4 = tl.split(e00)
+    x2, x6 = tl.split(e01)
+    x1, x5 = tl.split(e10)
+    x3, x7 = tl.split(e11)
+    part = (v0 * x0[None] + v1 * x1[None] + v2 * x2[None] + v3 * x3[None]
+            + v4 * x4[None] + v5 * x5[None] + v6 * x6[None] + v7 * x7[None])
+    return tl.sum(part, axis=2)
 
 
 @triton.jit
@@ -120,7 +205,8 @@ def mx_weight_matmul_kernel(
     M, N, K, blocks_k, blocks_per_split,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sk, stride_om, stride_on,
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-    VARIANT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, FAST: tl.constexpr,
+    VARIANT: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr,
+    FAST: tl.constexpr,
     CPG: tl.constexpr, INTERPRETER: tl.constexpr,
     IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr,
     HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr,
@@ -129,7 +215,8 @@ def mx_weight_matmul_kernel(
     each block's partial scaled once. VARIANT 1 ("block dots"): tensor-core dots of one block
     (NB = 1) of unscaled values, each partial scaled once (exact for any scale). VARIANT 2
     ("scaled dots"): the values of NB blocks scaled in fp32, rounded to bf16 (exact but for fp8
-    values below 2**-126) and dotted at once."""
+    values below 2**-126) and dotted at once. EVEN: every tile is whole (N, K and the splits
+    are multiples of the tiles), so the fp4-words path skips its masks."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -140,6 +227,7 @@ def mx_weight_matmul_kernel(
     STEP: tl.constexpr = 2 if CPG == 2 else 1
     W: tl.constexpr = BLOCK // STEP
     dtype = x_ptr.dtype.element_ty
+    UNSHIFT: tl.constexpr = 64.0 if FAST == 3 else 16384.0  # FAST 4 and 5: 2**14
     if VARIANT == 0:
         offs_m = pid_m
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -149,51 +237,59 @@ def mx_weight_matmul_kernel(
     for i in range(0, blocks_per_split, NB):
         b0 = first + i
         blk = b0 + tl.arange(0, NB)
-        byte = tl.load(s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk,
-                       mask=n_ok[:, None] & (blk < last)[None, :], other=0).to(tl.int32)
-        scale = tl.where((blk < last)[None, :], _scale(byte), 0.0)  # [BLOCK_N, NB]
-        # FAST 3 reads fp4 codes as e4m3, 2**-6 of their values: the unscaled partials (or
-        # values) are multiplied by 64, exactly, before the scale.
-        first_codes, second_codes = _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk,
-                                           BLOCK, NB, CPG)
-        for p in tl.static_range(STEP):
-            codes = first_codes if p == 0 else second_codes
+        scale_ptrs = s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk
+        byte = _load(scale_ptrs, n_ok[:, None] & (blk < last)[None, :], EVEN).to(tl.int32)
+        scale = _scale(byte)
+        if not EVEN:
+            scale = tl.where((blk < last)[None, :], scale, 0.0)
+        # FAST 3 / 4 read fp4 codes at 2**-6 / 2**-14 of their values: the unscaled partials
+        # (or values) are multiplied back, exactly, before the scale.
+        if FAST == 5:  # fp4 words, one row (VARIANT 0)
+            part = _fp4_words_row_partial(w_ptr, offs_n, N, K, b0, last, stride_wn,
+                                          x_ptr + pid_m * stride_xm, stride_xk, BLOCK, NB, EVEN)
+            acc += tl.sum(part * UNSHIFT * scale, axis=1)
+        else:
+            first_codes, second_codes = _codes(w_ptr, offs_n, N, K, b0, last, stride_wn,
+                                               stride_wk, BLOCK, NB, CPG, EVEN)
             if VARIANT == 0:
-                value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
-                                LSB, TO_VALUE)
-                x = _x_tile(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK, NB, STEP,
-                            p, False)
-                part = tl.sum(value * x[None, :, :], axis=2)
-                if FAST == 3:
-                    part = part * 64.0
-                acc += tl.sum(part * scale, axis=1)
-            elif VARIANT == 1:
-                x = _x_tile(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK, 1, STEP,
-                            p, True)
-                if INTERPRETER:  # Triton 3.6's interpreter gets bf16 dots wrong: exact fp32
-                    value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF,
-                                    HAS_NAN, LSB, TO_VALUE).reshape(BLOCK_N, W)
-                    part = tl.dot(value, x.to(tl.float32), input_precision="ieee")
-                else:
-                    value = _values(codes, dtype, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
-                                    LSB, TO_VALUE).reshape(BLOCK_N, W)
-                    part = tl.dot(value, x)
-                if FAST == 3:
-                    part = part * 64.0
-                acc += part * scale  # [BLOCK_N, BLOCK_M] * [BLOCK_N, 1]
+                x_first, x_second = _x_row(x_ptr + pid_m * stride_xm, K, b0, last, stride_xk,
+                                           BLOCK, NB, STEP, EVEN)
             else:
-                value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
-                                LSB, TO_VALUE)
-                if FAST == 3:
-                    value = value * 64.0
-                value = (value * scale[:, :, None]).reshape(BLOCK_N, NB * W)
-                x = _x_tile(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK, NB, STEP,
-                            p, True)
-                if INTERPRETER:
-                    acc += tl.dot(value.to(dtype).to(tl.float32), x.to(tl.float32),
-                                  input_precision="ieee")
+                x_first, x_second = _x_columns(x_ptr, offs_m, M, K, b0, last, stride_xm,
+                                               stride_xk, BLOCK, NB, STEP, EVEN)
+            for p in tl.static_range(STEP):
+                codes = first_codes if p == 0 else second_codes
+                x = x_first if p == 0 else x_second
+                if VARIANT == 0:
+                    value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                                    LSB, TO_VALUE)
+                    part = tl.sum(value * x[None, :, :], axis=2)
+                    if FAST >= 3:
+                        part = part * UNSHIFT
+                    acc += tl.sum(part * scale, axis=1)
+                elif VARIANT == 1:
+                    if INTERPRETER:  # Triton 3.6's interpreter gets bf16 dots wrong: exact fp32
+                        value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF,
+                                        HAS_NAN, LSB, TO_VALUE).reshape(BLOCK_N, W)
+                        part = tl.dot(value, x.to(tl.float32), input_precision="ieee")
+                    else:
+                        value = _values(codes, dtype, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                                        LSB, TO_VALUE).reshape(BLOCK_N, W)
+                        part = tl.dot(value, x)
+                    if FAST >= 3:
+                        part = part * UNSHIFT
+                    acc += part * scale  # [BLOCK_N, BLOCK_M] * [BLOCK_N, 1]
                 else:
-                    acc += tl.dot(value.to(dtype), x)
+                    value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                                    LSB, TO_VALUE)
+                    if FAST >= 3:
+                        value = value * UNSHIFT
+                    value = (value * scale[:, :, None]).reshape(BLOCK_N, NB * W)
+                    if INTERPRETER:
+                        acc += tl.dot(value.to(dtype).to(tl.float32), x.to(tl.float32),
+                                      input_precision="ieee")
+                    else:
+                        acc += tl.dot(value.to(dtype), x)
     if VARIANT == 0:
         rows = pid_m
         cols = offs_n
