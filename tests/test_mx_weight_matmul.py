@@ -280,7 +280,7 @@ gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_gpu_both_paths_real_sizes(fmt, dtype, M):
     torch.manual_seed(M)
     N, K = 1536, 4096 + 96
-    w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)
+    w = MXTensor.to_mx(torch.randn(N, K, device="cuda", dtype=dtype), fmt, 32)
     x = torch.randn(M, K, dtype=dtype, device="cuda")
     bias = torch.randn(N, dtype=dtype, device="cuda")
     _within_fp32_accumulation(F.linear(x, w, bias), x, w, bias)
@@ -290,7 +290,8 @@ def test_gpu_both_paths_real_sizes(fmt, dtype, M):
 
 @gpu
 def test_gpu_cuda_graph_capture():
-    w = MXTensor.to_mx(torch.randn(512, 1024, device="cuda"), "float4_e2m1", 32)
+    w = MXTensor.to_mx(torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16), "float4_e2m1",
+                       32)
     x = torch.randn(1, 1024, dtype=torch.bfloat16, device="cuda")
     expected = F.linear(x, w)
     graph = torch.cuda.CUDAGraph()

@@ -5,7 +5,8 @@ once to the output dtype:
 
 - M <= SMALL_M activation rows (decode): the fused Triton kernel of matmul_kernels.py. The
   weight stays packed in memory and is decoded in registers; the scales multiply fp32 block
-  partials, so no element is ever rounded.
+  partials, so no element is ever rounded. Not fp6: its 3-byte groups are read a byte at a
+  time there, slower than the dequantize + cuBLAS path, which fp6 takes at every M.
 - larger M (prefill, training): the weight is dequantized to bf16 (one pass of the dequantize
   kernel) and multiplied by cuBLAS with fp32 accumulation (bf16 reduced-precision reductions
   off). Every MX value of every format is exact in bf16 except fp8 values below bf16's normal
@@ -84,14 +85,14 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _default_config(M: int, N: int, blocks_k: int, dtype: torch.dtype,
+def _default_config(fmt: dtypes.DType, M: int, N: int, blocks_k: int, dtype: torch.dtype,
                     device: torch.device) -> Config:
-    """Enough programs to fill every SM about four times over, splitting K when N alone
-    gives too few tiles."""
-    if M <= ROWS_MAX_M:
-        variant, block_n, blocks = ROWS, 32, 4
+    """Tiles from benchmarks/bench_gpu_matmul.py --sweep (H100, N = K = 8192), and enough
+    programs to fill every SM about four times over, splitting K when N alone gives too few."""
+    if M <= ROWS_MAX_M:  # fp4 decodes whole words: wider tiles amortize the x broadcast
+        variant, block_n, blocks = ROWS, 128 if fmt == dtypes.float4_e2m1 else 64, 4
     elif dtype == torch.bfloat16:
-        variant, block_n, blocks = SCALED_DOTS, 64, 4
+        variant, block_n, blocks = SCALED_DOTS, 128, 4
     else:
         variant, block_n, blocks = BLOCK_DOTS, 64, 1
     tiles = -(-N // block_n) * (M if variant == ROWS else -(-M // _block_m(M)))
@@ -153,7 +154,7 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
         return out
     if K == 0:
         return out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
-    cfg = config or _default_config(M, N, blocks_k, x.dtype, x.device)
+    cfg = config or _default_config(fmt, M, N, blocks_k, x.dtype, x.device)
     if cfg.variant == SCALED_DOTS and x.dtype != torch.bfloat16:
         raise ValueError("the scaled-dots variant needs bf16 activations")
     block_m = 1 if cfg.variant == ROWS else _block_m(M)
@@ -221,7 +222,7 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
     """x [..., K] @ W.T + bias, W [N, K] in MX (see the module docstring)."""
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
-    if M <= SMALL_M or x.device.type != "cuda":
+    if x.device.type != "cuda" or (M <= SMALL_M and fmt.codes_per_group != 4):
         out = fused_linear(x2, w_scale, w_data, fmt, block_size, bias, out_dtype)
     else:
         out = dequantized_linear(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
