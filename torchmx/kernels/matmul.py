@@ -88,18 +88,22 @@ def _sm_count(device: torch.device) -> int:
 def _default_config(fmt: dtypes.DType, M: int, N: int, blocks_k: int, dtype: torch.dtype,
                     device: torch.device) -> Config:
     """Tiles from benchmarks/bench_gpu_matmul.py --sweep (H100, N = K = 8192), and enough
-    programs to fill every SM about four times over, splitting K when N alone gives too few."""
+    programs to fill every SM at least three times over, splitting K when N alone gives too
+    few."""
+    fp4 = fmt == dtypes.float4_e2m1
+    stages = 2
     if M <= ROWS_MAX_M:  # fp4 decodes whole words: wider tiles amortize the x broadcast
-        variant, block_n, blocks = ROWS, 128 if fmt == dtypes.float4_e2m1 else 64, 4
+        variant = ROWS
+        block_n, blocks = (128, 4) if fp4 else (64, 8)
     elif dtype == torch.bfloat16:
-        variant, block_n, blocks = SCALED_DOTS, 128, 4
+        variant, block_n, blocks, stages = SCALED_DOTS, 64 if fp4 else 128, 4, 3
     else:
         variant, block_n, blocks = BLOCK_DOTS, 64, 1
     tiles = -(-N // block_n) * (M if variant == ROWS else -(-M // _block_m(M)))
     split_k = 1
-    while tiles * split_k < 4 * _sm_count(device) and blocks_k // (2 * split_k) >= 2 * blocks:
+    while tiles * split_k < 3 * _sm_count(device) and blocks_k // (2 * split_k) >= 2 * blocks:
         split_k *= 2
-    return Config(variant, block_n, split_k, blocks)
+    return Config(variant, block_n, split_k, blocks, num_stages=stages)
 
 
 def _block_m(M: int) -> int:
