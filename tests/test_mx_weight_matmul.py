@@ -147,6 +147,22 @@ def test_fused_kernel_empty_and_strided(variant):
                                _reference(x_exact, w_exact), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fmt", ["float6_e2m3", "float4_e2m1", "float8_e5m2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M", [1, 3, 70])
+def test_dequantized_path(fmt, dtype, M):
+    """The large-M (and fp6) path: bf16 dequantized weight, fp32 accumulation, one rounding;
+    fp16 activations as two exact bf16 parts."""
+    x, w = _integer_operands(fmt, M, 24, 96, dtype)
+    bias = torch.randint(-8, 9, (24,)).to(dtype).to(DEVICE)
+    out = km.dequantized_linear(x, w._scale_e8m0, w._data, w.elem_dtype, 32, 96, bias, dtype)
+    torch.testing.assert_close(out, _reference(x, w, bias), rtol=0, atol=0)
+    torch.manual_seed(M)
+    x = torch.randn(M, 96, dtype=dtype, device=DEVICE)
+    out = km.dequantized_linear(x, w._scale_e8m0, w._data, w.elem_dtype, 32, 96, bias, dtype)
+    _within_fp32_accumulation(out, x, w, bias)
+
+
 def test_supported_formats_and_block_sizes():
     for name in FORMATS:
         assert km.supported(dtypes.from_name(name), 32, torch.bfloat16)

@@ -7,9 +7,9 @@ once to the output dtype:
   weight stays packed in memory and is decoded in registers; the scales multiply fp32 block
   partials, so no element is ever rounded. Not fp6: its 3-byte groups are read a byte at a
   time there, slower than the dequantize + cuBLAS path, which fp6 takes at every M.
-- larger M (prefill, training): the weight is dequantized to bf16 (one pass of the dequantize
-  kernel) and multiplied by cuBLAS with fp32 accumulation (bf16 reduced-precision reductions
-  off). Every MX value of every format is exact in bf16 except fp8 values below bf16's normal
+- larger M (prefill, training), and fp6 at every M: the weight is dequantized to bf16 (one
+  pass of the dequantize kernel) and multiplied by cuBLAS with fp32 accumulation (bf16
+  reduced-precision reductions off; for few rows with an fp32 output rounded once here). Every MX value of every format is exact in bf16 except fp8 values below bf16's normal
   range, 2**-126, which only blocks with a scale below 2**-118 can hold: they are rounded to
   bf16's subnormal grid (round half to even). fp16 activations are split into two bf16 parts
   (x = hi + lo exactly) whose products are accumulated in fp32.
@@ -202,6 +202,13 @@ def _fp32_reductions():
         matmul.allow_bf16_reduced_precision_reduction = saved
 
 
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of bf16 matrices with an fp32 result (products exact, fp32 accumulation)."""
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()  # aten's mm.dtype is CUDA-only
+
+
 def dequantized_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
                        fmt: dtypes.DType, block_size: int, K: int, bias: Optional[torch.Tensor],
                        out_dtype: torch.dtype) -> torch.Tensor:
@@ -209,12 +216,18 @@ def dequantized_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Ten
     w = torch.ops.torchmx.dequantize_mx(w_data, w_scale, fmt.name, block_size, torch.bfloat16,
                                         1, block_dim_size=K).t()
     with _fp32_reductions():
-        if x.dtype == torch.bfloat16 and out_dtype == torch.bfloat16:
+        if x.dtype == torch.bfloat16 and x.shape[0] > SMALL_M:
             return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
-        hi = x.to(torch.bfloat16)
-        lo = (x.float() - hi.float()).to(torch.bfloat16)  # exact: x has 11 significant bits
-        acc = torch.mm(hi, w, out_dtype=torch.float32)
-        acc += torch.mm(lo, w, out_dtype=torch.float32)
+        # Few rows (cuBLAS's bf16 matrix-vector path was seen to round beyond one final
+        # rounding on an H100) or fp16 (x = hi + lo, two exact bf16 parts): fp32 products,
+        # one rounding at the end.
+        parts = [x]
+        if x.dtype != torch.bfloat16:
+            hi = x.to(torch.bfloat16)
+            parts = [hi, (x.float() - hi.float()).to(torch.bfloat16)]  # exact: 11 bits
+        acc = _mm_fp32(parts[0], w)
+        for part in parts[1:]:
+            acc += _mm_fp32(part, w)
         if bias is not None:
             acc += bias.float()
         return acc.to(out_dtype)
