@@ -39,10 +39,6 @@ SMALL_M = 64
 # tensor-core dots with the activation rows padded to 16.
 ROWS_MAX_M = 1
 
-# How fp4 codes become values on the GPU in the dot variants (matmul_kernels._values): 3
-# through an e4m3 byte and the hardware conversion, 4 through an fp16's bits.
-FP4_DECODE = 4
-
 _BLOCK_SIZES = (32, 64, 128, 256)
 # (mantissa bits, largest exponent, exponent of the smallest subnormal) of each dtype.
 _DTYPE_RANGE = {torch.bfloat16: (7, 127, -133), torch.float16: (10, 15, -24)}
@@ -112,13 +108,13 @@ def _block_m(M: int) -> int:
 
 def _fast_decode(fmt: dtypes.DType, device: torch.device, variant: int = ROWS,
                  words: bool = False) -> int:
-    """matmul_kernels' FAST: on a GPU the hardware fp8 conversions, and for fp4 FP4_DECODE, or
-    5 (whole 32-bit words through inline PTX) for one activation row when `words` (rows of
-    whole, 4-byte aligned words); 0, the general bit arithmetic, elsewhere."""
+    """matmul_kernels' FAST: on a GPU the hardware fp8 conversions, and for fp4 its fp16-bits
+    decode (4), or whole 32-bit words through inline PTX (5) for one activation row when
+    `words` (rows of whole, 4-byte aligned words); 0, the general bit arithmetic, elsewhere."""
     if device.type != "cuda" or _interpreting():
         return 0
     if fmt == dtypes.float4_e2m1:
-        return 5 if variant == ROWS and words else FP4_DECODE
+        return 5 if variant == ROWS and words else 4
     return {dtypes.float8_e4m3: 1, dtypes.float8_e5m2: 2}.get(fmt, 0)
 
 

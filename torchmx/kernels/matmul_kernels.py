@@ -12,9 +12,12 @@ power of two, multiplies that fp32 partial once: acc += p * 2**(s - 127). Never 
 elements keeps every product exact whatever the scale (a scaled fp8 value can be below bf16's
 normal range), and costs one multiply-add per output element per block, not per weight.
 
-The dot runs with W as the left operand ("swap AB"): N fills the MMA's long side and the few
-activation rows are padded to 16, which is what makes the decode case (M <= 64) memory-bound.
-fp4 is split into its even (low nibble) and odd (high nibble) codes, each dotted with the
+Three variants (VARIANT): "rows" (one activation row per program, fp32 multiply-adds, each
+block's partial scaled once), "block dots" (a tensor-core dot per block of unscaled values,
+each partial scaled once) and "scaled dots" (the values of several blocks scaled in fp32,
+rounded to bf16, one dot: exact but for fp8 values below 2**-126). The dots take W as the left
+operand ("swap AB"): N fills the MMA's long side and the few activation rows are padded to 16.
+fp4 is split into its even (low nibble) and odd (high nibble) codes, each multiplied by the
 matching half of x: no interleaving of the nibbles in registers.
 
 Split-K: programs along K write fp32 partials [SPLIT_K, M, N] and `_reduce_kernel` adds them
@@ -25,6 +28,8 @@ import triton
 import triton.language as tl
 
 from ._tl_numerics import to_output
+
+FP4_UNSHIFT = tl.constexpr(16384.0)  # fp4 decoded through fp16 bits is 2**-14 of its value
 
 
 @triton.jit
@@ -40,19 +45,15 @@ def _values(code, dtype: tl.constexpr, FAST: tl.constexpr, IS_INT: tl.constexpr,
             LSB: tl.constexpr, TO_VALUE: tl.constexpr):
     """The unscaled element values of int32 `code` (raw bits) in `dtype`, exactly.
 
-    FAST 1 / 2: fp8 e4m3 / e5m2 through the hardware conversion; FAST 3: fp4 e2m1 moved into
-    an e4m3 byte (its value times 2**-6, exact); FAST 4: fp4 moved into an fp16 (its value times
-    2**-14, exact). For 3 and 4 the caller multiplies partials by `_fp4_unshift`.
-    Otherwise the bits are placed in an fp32 (value * 2**(bias - 127)) and scaled back
-    exactly, as the dequantize kernels do.
+    FAST 1 / 2: fp8 e4m3 / e5m2 through the hardware conversion; FAST 4: fp4 e2m1 moved into
+    an fp16 (its value times 2**-14, exact; the caller multiplies by FP4_UNSHIFT). Otherwise
+    the bits are placed in an fp32 (value * 2**(bias - 127)) and scaled back exactly, as the
+    dequantize kernels do.
     """
     if FAST == 1:
         return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(dtype)
     elif FAST == 2:
         return code.to(tl.uint8).to(tl.float8e5, bitcast=True).to(dtype)
-    elif FAST == 3:
-        e4m3 = ((code & 8) << 4) | ((code & 7) << 2)
-        return e4m3.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(dtype)
     elif FAST == 4:
         half = ((code & 8) << 12) | ((code & 7) << 9)
         return half.to(tl.int16).to(tl.float16, bitcast=True).to(dtype)
@@ -200,23 +201,103 @@ def _fp4_words_row_partial(w_ptr, offs_n, N, K, b0, last, stride_wn, x_row_ptr, 
 
 
 @triton.jit
+def _rows_step(w_ptr, x_row_ptr, offs_n, N, K, b0, last, scale, stride_wn, stride_wk, stride_xk,
+               BLOCK: tl.constexpr, NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr,
+               FAST: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
+               MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+               LSB: tl.constexpr, TO_VALUE: tl.constexpr):
+    """fp32 [BLOCK_N]: one activation row times the blocks b0 .. b0 + NB - 1, each block's
+    partial multiplied by its `scale` [BLOCK_N, NB]."""
+    if FAST == 5:  # fp4 as whole words
+        part = _fp4_words_row_partial(w_ptr, offs_n, N, K, b0, last, stride_wn, x_row_ptr,
+                                      stride_xk, BLOCK, NB, EVEN) * FP4_UNSHIFT
+    else:
+        STEP: tl.constexpr = 2 if CPG == 2 else 1
+        first, second = _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK, NB,
+                               CPG, EVEN)
+        x_first, x_second = _x_row(x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, STEP, EVEN)
+        value = _values(first, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
+                        TO_VALUE)
+        part = tl.sum(value * x_first[None, :, :], axis=2)
+        if STEP == 2:
+            value = _values(second, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                            LSB, TO_VALUE)
+            part += tl.sum(value * x_second[None, :, :], axis=2)
+        if FAST == 4:
+            part = part * FP4_UNSHIFT
+    return tl.sum(part * scale, axis=1)
+
+
+@triton.jit
+def _dot(value, x, INTERPRETER: tl.constexpr):
+    """tl.dot of exact bf16/fp16 operands with fp32 accumulation (Triton 3.6's interpreter gets
+    bf16 dots wrong: exact fp32 there)."""
+    if INTERPRETER:
+        product = tl.dot(value.to(tl.float32), x.to(tl.float32), input_precision="ieee")
+    else:
+        product = tl.dot(value, x)
+    return product
+
+
+@triton.jit
+def _dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn, stride_wk,
+               stride_xm, stride_xk, BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
+               NB: tl.constexpr, CPG: tl.constexpr, SCALED: tl.constexpr, EVEN: tl.constexpr,
+               INTERPRETER: tl.constexpr, FAST: tl.constexpr, IS_INT: tl.constexpr,
+               BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr,
+               HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr):
+    """fp32 [BLOCK_N, BLOCK_M]: the activation rows offs_m times the blocks b0 .. b0 + NB - 1.
+    SCALED: the values scaled in fp32 and rounded to x's dtype, one dot; else NB = 1, a dot of
+    unscaled values whose fp32 result is scaled."""
+    STEP: tl.constexpr = 2 if CPG == 2 else 1
+    W: tl.constexpr = NB * BLOCK // STEP
+    dtype = x_ptr.dtype.element_ty
+    first, second = _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK, NB, CPG,
+                           EVEN)
+    x_first, x_second = _x_columns(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK,
+                                   NB, STEP, EVEN)
+    if SCALED:
+        value = _values(first, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
+                        TO_VALUE)
+        if FAST == 4:
+            value = value * FP4_UNSHIFT
+        value = (value * scale[:, :, None]).reshape(BLOCK_N, W).to(dtype)
+        out = _dot(value, x_first, INTERPRETER)
+        if STEP == 2:
+            value = _values(second, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                            LSB, TO_VALUE)
+            if FAST == 4:
+                value = value * FP4_UNSHIFT
+            value = (value * scale[:, :, None]).reshape(BLOCK_N, W).to(dtype)
+            out += _dot(value, x_second, INTERPRETER)
+    else:
+        value = _values(first, dtype, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
+                        TO_VALUE).reshape(BLOCK_N, W)
+        out = _dot(value, x_first, INTERPRETER)
+        if STEP == 2:
+            value = _values(second, dtype, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
+                            TO_VALUE).reshape(BLOCK_N, W)
+            out += _dot(value, x_second, INTERPRETER)
+        if FAST == 4:
+            out = out * FP4_UNSHIFT
+        out = out * scale  # [BLOCK_N, BLOCK_M] * [BLOCK_N, 1]
+    return out
+
+
+@triton.jit
 def mx_weight_matmul_kernel(
     x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr,
     M, N, K, blocks_k, blocks_per_split,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sk, stride_om, stride_on,
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
     VARIANT: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr,
-    FAST: tl.constexpr,
-    CPG: tl.constexpr, INTERPRETER: tl.constexpr,
+    FAST: tl.constexpr, CPG: tl.constexpr, INTERPRETER: tl.constexpr,
     IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr,
     HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr,
 ):
-    """VARIANT 0 ("rows"): one activation row per program (BLOCK_M = 1), fp32 multiply-adds,
-    each block's partial scaled once. VARIANT 1 ("block dots"): tensor-core dots of one block
-    (NB = 1) of unscaled values, each partial scaled once (exact for any scale). VARIANT 2
-    ("scaled dots"): the values of NB blocks scaled in fp32, rounded to bf16 (exact but for fp8
-    values below 2**-126) and dotted at once. EVEN: every tile is whole (N, K and the splits
-    are multiples of the tiles), so the fp4-words path skips its masks."""
+    """Program (n tile, K split, m tile): VARIANT 0 rows (BLOCK_M = 1), 1 block dots (NB = 1),
+    2 scaled dots. EVEN: every tile is whole (N, K and the splits are multiples of the tiles),
+    so no load is masked. FAST: see `_values`; 5 reads fp4 rows as 32-bit words."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -224,10 +305,6 @@ def mx_weight_matmul_kernel(
     n_ok = offs_n < N
     first = pid_k * blocks_per_split
     last = tl.minimum(first + blocks_per_split, blocks_k)
-    STEP: tl.constexpr = 2 if CPG == 2 else 1
-    W: tl.constexpr = BLOCK // STEP
-    dtype = x_ptr.dtype.element_ty
-    UNSHIFT: tl.constexpr = 64.0 if FAST == 3 else 16384.0  # FAST 4 and 5: 2**14
     if VARIANT == 0:
         offs_m = pid_m
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -237,59 +314,20 @@ def mx_weight_matmul_kernel(
     for i in range(0, blocks_per_split, NB):
         b0 = first + i
         blk = b0 + tl.arange(0, NB)
-        scale_ptrs = s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk
-        byte = _load(scale_ptrs, n_ok[:, None] & (blk < last)[None, :], EVEN).to(tl.int32)
-        scale = _scale(byte)
+        byte = _load(s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk,
+                     n_ok[:, None] & (blk < last)[None, :], EVEN).to(tl.int32)
+        scale = _scale(byte)  # [BLOCK_N, NB]
         if not EVEN:
             scale = tl.where((blk < last)[None, :], scale, 0.0)
-        # FAST 3 / 4 read fp4 codes at 2**-6 / 2**-14 of their values: the unscaled partials
-        # (or values) are multiplied back, exactly, before the scale.
-        if FAST == 5:  # fp4 words, one row (VARIANT 0)
-            part = _fp4_words_row_partial(w_ptr, offs_n, N, K, b0, last, stride_wn,
-                                          x_ptr + pid_m * stride_xm, stride_xk, BLOCK, NB, EVEN)
-            acc += tl.sum(part * UNSHIFT * scale, axis=1)
+        if VARIANT == 0:
+            acc += _rows_step(w_ptr, x_ptr + pid_m * stride_xm, offs_n, N, K, b0, last, scale,
+                              stride_wn, stride_wk, stride_xk, BLOCK, NB, CPG, EVEN, FAST,
+                              IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE)
         else:
-            first_codes, second_codes = _codes(w_ptr, offs_n, N, K, b0, last, stride_wn,
-                                               stride_wk, BLOCK, NB, CPG, EVEN)
-            if VARIANT == 0:
-                x_first, x_second = _x_row(x_ptr + pid_m * stride_xm, K, b0, last, stride_xk,
-                                           BLOCK, NB, STEP, EVEN)
-            else:
-                x_first, x_second = _x_columns(x_ptr, offs_m, M, K, b0, last, stride_xm,
-                                               stride_xk, BLOCK, NB, STEP, EVEN)
-            for p in tl.static_range(STEP):
-                codes = first_codes if p == 0 else second_codes
-                x = x_first if p == 0 else x_second
-                if VARIANT == 0:
-                    value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
-                                    LSB, TO_VALUE)
-                    part = tl.sum(value * x[None, :, :], axis=2)
-                    if FAST >= 3:
-                        part = part * UNSHIFT
-                    acc += tl.sum(part * scale, axis=1)
-                elif VARIANT == 1:
-                    if INTERPRETER:  # Triton 3.6's interpreter gets bf16 dots wrong: exact fp32
-                        value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF,
-                                        HAS_NAN, LSB, TO_VALUE).reshape(BLOCK_N, W)
-                        part = tl.dot(value, x.to(tl.float32), input_precision="ieee")
-                    else:
-                        value = _values(codes, dtype, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
-                                        LSB, TO_VALUE).reshape(BLOCK_N, W)
-                        part = tl.dot(value, x)
-                    if FAST >= 3:
-                        part = part * UNSHIFT
-                    acc += part * scale  # [BLOCK_N, BLOCK_M] * [BLOCK_N, 1]
-                else:
-                    value = _values(codes, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
-                                    LSB, TO_VALUE)
-                    if FAST >= 3:
-                        value = value * UNSHIFT
-                    value = (value * scale[:, :, None]).reshape(BLOCK_N, NB * W)
-                    if INTERPRETER:
-                        acc += tl.dot(value.to(dtype).to(tl.float32), x.to(tl.float32),
-                                      input_precision="ieee")
-                    else:
-                        acc += tl.dot(value.to(dtype), x)
+            acc += _dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn,
+                              stride_wk, stride_xm, stride_xk, BLOCK_N, BLOCK, NB, CPG,
+                              VARIANT == 2, EVEN, INTERPRETER, FAST, IS_INT, BITS, MBITS,
+                              HAS_INF, HAS_NAN, LSB, TO_VALUE)
     if VARIANT == 0:
         rows = pid_m
         cols = offs_n
