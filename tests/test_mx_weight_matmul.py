@@ -31,6 +31,17 @@ VARIANTS = {  # small tiles, K split, several blocks per step: every code path o
 }
 
 
+# (variant, activation dtype) pairs the kernel takes: scaled dots round values to bf16 only.
+VARIANT_DTYPES = [(v, d) for v in VARIANTS for d in (torch.bfloat16, torch.float16)
+                  if not (v == "scaled_dots" and d == torch.float16)]
+
+
+def test_scaled_dots_refuse_fp16():
+    x, w = _integer_operands("float4_e2m1", 2, 8, 64, torch.float16)
+    with pytest.raises(ValueError, match="bf16"):
+        _fused(x, w, None, VARIANTS["scaled_dots"])
+
+
 @pytest.fixture
 def kernels_on_cpu(monkeypatch):
     """Route MXTensor matmuls on CPU through the kernels too (Triton's interpreter)."""
@@ -73,12 +84,9 @@ def _fused(x, w, bias, config):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("variant,dtype", VARIANT_DTYPES)
 @pytest.mark.parametrize("M,N,K", [(1, 20, 96), (3, 17, 200), (18, 40, 70), (2, 32, 256)])
 def test_fused_kernel_is_exact_on_exact_sums(fmt, variant, dtype, M, N, K):
-    if variant == "scaled_dots" and dtype != torch.bfloat16:
-        pytest.skip("the scaled-dots variant takes bf16 activations only")
     x, w = _integer_operands(fmt, M, N, K, dtype)
     bias = torch.randint(-8, 9, (N,)).to(dtype).to(DEVICE)
     out = _fused(x, w, bias, VARIANTS[variant])
@@ -88,13 +96,10 @@ def test_fused_kernel_is_exact_on_exact_sums(fmt, variant, dtype, M, N, K):
 
 @pytest.mark.parametrize("fmt,fast", [("float4_e2m1", 4), ("float8_e4m3", 1),
                                       ("float8_e5m2", 2)])
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("variant,dtype", VARIANT_DTYPES)
 def test_hardware_decodes_are_exact(monkeypatch, fmt, fast, variant, dtype):
     """The GPU's decode shortcuts (fp8 conversions, fp4 through fp16 bits), forced on here so
     that the interpreter runs them too (fp4 words, FAST 5, are inline PTX: GPU tests only)."""
-    if variant == "scaled_dots" and dtype != torch.bfloat16:
-        pytest.skip("the scaled-dots variant takes bf16 activations only")
     monkeypatch.setattr(km, "_fast_decode", lambda fmt, device, *variant_and_words: fast)
     x, w = _integer_operands(fmt, 3, 20, 160, dtype)
     torch.testing.assert_close(_fused(x, w, None, VARIANTS[variant]), _reference(x, w),
