@@ -168,6 +168,15 @@ def test_dequantized_path(fmt, dtype, M):
     _within_fp32_accumulation(out, x, w, bias)
 
 
+def test_weights_past_32_bit_offsets_take_the_dequantize_path():
+    meta = dict(device="meta", dtype=torch.uint8)
+    x = torch.empty(1, 80000, device="meta", dtype=torch.bfloat16)
+    small, huge = torch.empty(1000, 40000, **meta), torch.empty(60000, 40000, **meta)
+    scale = torch.empty(60000, 2500, **meta)
+    assert km._int32_offsets(x, small, scale[:1000], 1)
+    assert not km._int32_offsets(x, huge, scale, 1)  # 2.4e9 bytes of fp4 codes
+
+
 def test_supported_formats_and_block_sizes():
     for name in FORMATS:
         assert km.supported(dtypes.from_name(name), 32, torch.bfloat16)

@@ -9,10 +9,11 @@ once to the output dtype:
   time there, slower than the dequantize + cuBLAS path, which fp6 takes at every M.
 - larger M (prefill, training), and fp6 at every M: the weight is dequantized to bf16 (one
   pass of the dequantize kernel) and multiplied by cuBLAS with fp32 accumulation (bf16
-  reduced-precision reductions off; for few rows with an fp32 output rounded once here). Every MX value of every format is exact in bf16 except fp8 values below bf16's normal
-  range, 2**-126, which only blocks with a scale below 2**-118 can hold: they are rounded to
-  bf16's subnormal grid (round half to even). fp16 activations are split into two bf16 parts
-  (x = hi + lo exactly) whose products are accumulated in fp32.
+  reduced-precision reductions off; for few rows with an fp32 output rounded once here).
+  Every MX value of every format is exact in bf16 except fp8 values below bf16's normal
+  range, 2**-126, which only blocks with a scale below 2**-124 (e4m3) or 2**-117 (e5m2) can
+  hold: they are rounded to bf16's subnormal grid (round half to even). fp16 activations are
+  split into two bf16 parts (x = hi + lo exactly) whose products are accumulated in fp32.
 
 Which formats qualify: those whose unscaled values the activation dtype holds exactly (all
 OCP formats in bf16 and fp16; custom ExMy formats when their mantissa and exponent range fit),
@@ -21,7 +22,6 @@ block sizes 32..256 that are powers of two, activations in bf16 or fp16.
 
 import contextlib
 import functools
-import math
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -186,6 +186,15 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     return out
 
 
+def _int32_offsets(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, M: int) -> bool:
+    """The fused kernel indexes in 32 bits: every offset it forms must stay below 2**31
+    (weights of more than 2 GiB take the dequantize path, which indexes in 64 bits)."""
+    def span(t):
+        return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1
+    limit = 2**31 - 1
+    return max(span(x), span(w_data), span(w_scale), 16 * M * w_scale.shape[0]) < limit
+
+
 @contextlib.contextmanager
 def _fp32_reductions():
     """cuBLAS may otherwise reduce split-K bf16 partial sums in bf16."""
@@ -235,7 +244,8 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
     """x [..., K] @ W.T + bias, W [N, K] in MX (see the module docstring)."""
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
-    if x.device.type != "cuda" or (M <= SMALL_M and fmt.codes_per_group != 4):
+    fused = M <= SMALL_M and fmt.codes_per_group != 4 and _int32_offsets(x2, w_data, w_scale, M)
+    if x.device.type != "cuda" or fused:
         out = fused_linear(x2, w_scale, w_data, fmt, block_size, bias, out_dtype)
     else:
         out = dequantized_linear(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
