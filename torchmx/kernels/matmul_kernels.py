@@ -170,24 +170,17 @@ _FP4_WORD_TO_F32 = tl.constexpr("\n".join(
 
 
 @triton.jit
-def _fp4_words(w_ptr, offs_n, N, K, b0, last, stride_wn, BLOCK: tl.constexpr, NB: tl.constexpr,
-               EVEN: tl.constexpr):
-    """int32 [BLOCK_N, NB, BLOCK // 8]: the fp4 codes of blocks b0 .. b0 + NB - 1 as 32-bit
-    words (the host checks that rows are whole, 4-byte aligned words)."""
+def _fp4_words_row_partial(w_ptr, offs_n, N, K, b0, last, stride_wn, x_row_ptr, stride_xk,
+                           BLOCK: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr):
+    """fp32 [BLOCK_N, NB]: each block's unscaled partial times 2**-14 for one activation row,
+    fp4 codes read as 32-bit words and decoded eight at a time (GPU only: inline PTX; the host
+    checks that rows are whole, 4-byte aligned words)."""
     WPB: tl.constexpr = BLOCK // 8  # words per block
     j = tl.arange(0, NB)[None, :, None]
     word = (b0 + j) * WPB + tl.arange(0, WPB)[None, None, :]
     ok = (offs_n < N)[:, None, None] & (word * 8 < K) & (b0 + j < last)
     rows = (w_ptr + offs_n[:, None, None] * stride_wn).to(tl.pointer_type(tl.int32))
-    return _load(rows + word, ok, EVEN)
-
-
-@triton.jit
-def _fp4_words_row_partial(words, x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr,
-                           NB: tl.constexpr, EVEN: tl.constexpr):
-    """fp32 [BLOCK_N, NB]: each block's unscaled partial times 2**-14 for one activation row,
-    the codes decoded eight per word (GPU only: inline PTX)."""
-    WPB: tl.constexpr = BLOCK // 8
+    words = _load(rows + word, ok, EVEN)
     v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
         _FP4_WORD_TO_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words], dtype=(tl.float32,) * 8,
         is_pure=True, pack=1)
@@ -208,40 +201,31 @@ def _fp4_words_row_partial(words, x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.c
 
 
 @triton.jit
-def _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB: tl.constexpr,
-                  EVEN: tl.constexpr):
-    """fp32 [BLOCK_N, NB]: the scales of blocks b0 .. b0 + NB - 1 (0 past `last`)."""
-    blk = b0 + tl.arange(0, NB)
-    byte = _load(s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk,
-                 (offs_n < N)[:, None] & (blk < last)[None, :], EVEN).to(tl.int32)
-    scale = _scale(byte)
-    if not EVEN:
-        scale = tl.where((blk < last)[None, :], scale, 0.0)
-    return scale
-
-
-@triton.jit
 def _rows_step(w_ptr, x_row_ptr, offs_n, N, K, b0, last, scale, stride_wn, stride_wk, stride_xk,
                BLOCK: tl.constexpr, NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr,
                FAST: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
                MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
                LSB: tl.constexpr, TO_VALUE: tl.constexpr):
-    """fp32 [BLOCK_N, NB]: one activation row times each of the blocks b0 .. b0 + NB - 1,
-    each block's partial multiplied by its `scale` [BLOCK_N, NB]."""
-    STEP: tl.constexpr = 2 if CPG == 2 else 1
-    first, second = _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK, NB, CPG,
-                           EVEN)
-    x_first, x_second = _x_row(x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, STEP, EVEN)
-    value = _values(first, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
-                    TO_VALUE)
-    part = tl.sum(value * x_first[None, :, :], axis=2)
-    if STEP == 2:
-        value = _values(second, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
+    """fp32 [BLOCK_N]: one activation row times the blocks b0 .. b0 + NB - 1, each block's
+    partial multiplied by its `scale` [BLOCK_N, NB]."""
+    if FAST == 5:  # fp4 as whole words
+        part = _fp4_words_row_partial(w_ptr, offs_n, N, K, b0, last, stride_wn, x_row_ptr,
+                                      stride_xk, BLOCK, NB, EVEN) * FP4_UNSHIFT
+    else:
+        STEP: tl.constexpr = 2 if CPG == 2 else 1
+        first, second = _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK, NB,
+                               CPG, EVEN)
+        x_first, x_second = _x_row(x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, STEP, EVEN)
+        value = _values(first, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
                         TO_VALUE)
-        part += tl.sum(value * x_second[None, :, :], axis=2)
-    if FAST == 4:
-        part = part * FP4_UNSHIFT
-    return part * scale
+        part = tl.sum(value * x_first[None, :, :], axis=2)
+        if STEP == 2:
+            value = _values(second, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                            LSB, TO_VALUE)
+            part += tl.sum(value * x_second[None, :, :], axis=2)
+        if FAST == 4:
+            part = part * FP4_UNSHIFT
+    return tl.sum(part * scale, axis=1)
 
 
 @triton.jit
@@ -321,43 +305,29 @@ def mx_weight_matmul_kernel(
     n_ok = offs_n < N
     first = pid_k * blocks_per_split
     last = tl.minimum(first + blocks_per_split, blocks_k)
-    if VARIANT == 0:  # per-block sums, added across blocks once at the end
+    if VARIANT == 0:
         offs_m = pid_m
-        acc = tl.zeros([BLOCK_N, NB], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     else:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if FAST == 5:
-        # fp4 rows as words, software-pipelined by hand: the next step's words and scales are
-        # loaded before this step's decode (past the split, a block in range is re-read).
-        words = _fp4_words(w_ptr, offs_n, N, K, first, last, stride_wn, BLOCK, NB, EVEN)
-        scale = _block_scales(s_ptr, offs_n, N, first, last, stride_sn, stride_sk, NB, EVEN)
-        for i in range(0, blocks_per_split, NB):
-            b0 = first + i
-            ahead = tl.where(b0 + NB < last, b0 + NB, first)
-            next_words = _fp4_words(w_ptr, offs_n, N, K, ahead, last, stride_wn, BLOCK, NB, EVEN)
-            next_scale = _block_scales(s_ptr, offs_n, N, ahead, last, stride_sn, stride_sk, NB,
-                                       EVEN)
-            part = _fp4_words_row_partial(words, x_ptr + pid_m * stride_xm, K, b0, last,
-                                          stride_xk, BLOCK, NB, EVEN)
-            acc += part * FP4_UNSHIFT * scale
-            words = next_words
-            scale = next_scale
-    else:
-        for i in range(0, blocks_per_split, NB):
-            b0 = first + i
-            scale = _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB, EVEN)
-            if VARIANT == 0:
-                acc += _rows_step(w_ptr, x_ptr + pid_m * stride_xm, offs_n, N, K, b0, last,
-                                  scale, stride_wn, stride_wk, stride_xk, BLOCK, NB, CPG, EVEN,
-                                  FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE)
-            else:
-                acc += _dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale,
-                                  stride_wn, stride_wk, stride_xm, stride_xk, BLOCK_N, BLOCK, NB,
-                                  CPG, VARIANT == 2, EVEN, INTERPRETER, FAST, IS_INT, BITS,
-                                  MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE)
-    if VARIANT == 0:
-        acc = tl.sum(acc, axis=1)
+    for i in range(0, blocks_per_split, NB):
+        b0 = first + i
+        blk = b0 + tl.arange(0, NB)
+        byte = _load(s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk,
+                     n_ok[:, None] & (blk < last)[None, :], EVEN).to(tl.int32)
+        scale = _scale(byte)  # [BLOCK_N, NB]
+        if not EVEN:
+            scale = tl.where((blk < last)[None, :], scale, 0.0)
+        if VARIANT == 0:
+            acc += _rows_step(w_ptr, x_ptr + pid_m * stride_xm, offs_n, N, K, b0, last, scale,
+                              stride_wn, stride_wk, stride_xk, BLOCK, NB, CPG, EVEN, FAST,
+                              IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE)
+        else:
+            acc += _dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn,
+                              stride_wk, stride_xm, stride_xk, BLOCK_N, BLOCK, NB, CPG,
+                              VARIANT == 2, EVEN, INTERPRETER, FAST, IS_INT, BITS, MBITS,
+                              HAS_INF, HAS_NAN, LSB, TO_VALUE)
     if VARIANT == 0:
         rows = pid_m
         cols = offs_n
