@@ -22,48 +22,22 @@ import argparse
 import datetime
 import itertools
 import os
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
 from torchmx.kernels import matmul as km  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
+from _timing import graph_time_us  # noqa: E402
 
 FORMATS = [dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float6_e2m3,
            dtypes.float6_e3m2, dtypes.int8]
 ROTATE = 8  # weight copies per graph: 8 x 34 MB (fp4) is far beyond the L2
-
-
-def graph_time_us(calls, repeats=20) -> float:
-    """Median microseconds per call of `calls` (a list of thunks, run in order), captured in
-    one CUDA graph and replayed."""
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls:  # warm up (compiles, autotunes) outside the capture
-            c()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / len(calls))
-    return statistics.median(times)
 
 
 def make_weights(fmt, N, K, copies, dtype=torch.bfloat16, seed=0):

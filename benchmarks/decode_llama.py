@@ -13,7 +13,6 @@ the fused MX-weight kernel.
 import argparse
 import copy
 import os
-import statistics
 import sys
 
 import torch
@@ -21,10 +20,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torchmx  # noqa: E402
 from torchmx.config import MXConfig, QLinearConfig  # noqa: E402
 from torchmx.quant_api import model_bytes  # noqa: E402
+from _timing import graph_time_us  # noqa: E402
 
 HIDDEN, MLP, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
 
@@ -78,29 +79,6 @@ class Stack(nn.Module):
         return x
 
 
-def replay_us(fn, repeats=50) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
-
-
 def run(layers=8, context=1024):
     torch.manual_seed(0)
     model = Stack(layers).to("cuda", torch.bfloat16).eval()
@@ -121,7 +99,8 @@ def run(layers=8, context=1024):
         for name, m in (("bf16", model), ("MXFP4 weights", mx_model)):
             compiled = torch.compile(m, dynamic=False)
             out = compiled(x, *caches, cos, sin)
-            results[name] = (replay_us(lambda: compiled(x, *caches, cos, sin)),
+            step = [lambda: compiled(x, *caches, cos, sin)]
+            results[name] = (graph_time_us(step, repeats=50),
                              model_bytes(m))
             if name != "bf16":
                 cos_sim = F.cosine_similarity(out.float().flatten(), reference.float().flatten(), 0)

@@ -8,7 +8,7 @@ Unpacking mirrors the quantize kernels (split/join along C, phases along R).
 import triton
 import triton.language as tl
 
-from ._tl_numerics import decode_scaled, program_coordinates, to_output
+from ._tl_numerics import decode_scaled, program_coordinates, scale_value, to_output
 
 
 @triton.jit
@@ -23,13 +23,7 @@ def _values(code, byte, HW_FP8: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.con
         else:
             value = code.to(tl.uint8).to(tl.float8e5, bitcast=True).to(tl.float32)
         # One rounding of an exact product; byte 255 (NaN) handled per block, not per element.
-        return value * tl.where(byte == 255, float("nan"), _pow2(byte))
-
-
-@triton.jit
-def _pow2(byte):
-    """2**(byte - 127) as fp32 (byte 0 is the subnormal 2**-127)."""
-    return tl.where(byte > 0, byte << 23, 1 << 22).to(tl.float32, bitcast=True)
+        return value * scale_value(byte)
 
 
 @triton.jit

@@ -117,6 +117,14 @@ def scale_byte(amax_bits, SCALE_MODE: tl.constexpr, MBITS: tl.constexpr, EMAX: t
 
 
 @triton.jit
+def scale_value(byte):
+    """2**(byte - 127) as an exact fp32 from its bits (byte: int32 E8M0 scale byte; byte 0 is
+    the subnormal 2**-127, byte 255 is NaN)."""
+    value = tl.where(byte > 0, byte << 23, 1 << 22).to(tl.float32, bitcast=True)
+    return tl.where(byte == 255, float("nan"), value)
+
+
+@triton.jit
 def inverse_scale(byte):
     """1 / 2**(byte - 127) as an exact fp32 (2**127 .. 2**-127); byte 255 gives 2**-128 (unused)."""
     return exact_pow2(127 - byte)
@@ -196,20 +204,15 @@ def encode(magnitude, x_bits, uniform, ROUNDING: tl.constexpr, IS_INT: tl.conste
 
 
 @triton.jit
-def decode_scaled(code, byte, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
-                  BIAS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
-                  LSB: tl.constexpr, TO_VALUE: tl.constexpr):
-    """decode(code) * 2**(byte - 127) in fp32, rounded once (code: int32 raw bits, byte: int32
-    scale byte broadcast to code's shape or a per-block tensor), NaN for byte 255.
+def decode_value(code, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+                 HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
+                 TO_VALUE: tl.constexpr):
+    """decode(code) in fp32, exact (code: int32 raw bits).
 
     Float codes are placed in an fp32's sign / exponent / mantissa fields, which reads them as
     value * 2**(bias - 127) (codes with exponent 0 land on fp32 subnormals, with the same
-    meaning); TO_VALUE = 2**(127 - bias) restores the value exactly, then one multiplication by
-    the scale rounds once, as in the reference. MXINT8: code * LSB, exact.
+    meaning); TO_VALUE = 2**(127 - bias) restores the value exactly. MXINT8: code * LSB, exact.
     """
-    # 2**(byte - 127); byte 0 is the subnormal 2**-127; byte 255 is NaN (every value then NaN).
-    scale = tl.where(byte > 0, byte << 23, 1 << 22).to(tl.float32, bitcast=True)
-    scale = tl.where(byte == 255, float("nan"), scale)
     if IS_INT:
         signed = (code << 24) >> 24  # the int8 two's complement value
         value = signed.to(tl.float32) * LSB  # exact
@@ -223,7 +226,18 @@ def decode_scaled(code, byte, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: t
             value = tl.where(top, tl.where(placed < 0, -special, special), value)
         elif HAS_NAN:  # e4m3-like: only the all-ones magnitude is NaN
             value = tl.where(magnitude == (1 << (BITS - 1)) - 1, float("nan"), value)
-    return value * scale
+    return value
+
+
+@triton.jit
+def decode_scaled(code, byte, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+                  BIAS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+                  LSB: tl.constexpr, TO_VALUE: tl.constexpr):
+    """decode(code) * 2**(byte - 127) in fp32, rounded once as in the reference (code: int32
+    raw bits, byte: int32 scale byte broadcast to code's shape or a per-block tensor), NaN for
+    byte 255."""
+    return decode_value(code, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE) \
+        * scale_value(byte)
 
 
 @triton.jit

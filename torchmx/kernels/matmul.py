@@ -126,13 +126,11 @@ def _whole_words(w_data: torch.Tensor, K: int) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _format_constants(fmt: dtypes.DType) -> dict:
-    is_int = fmt.kind == "int"
-    m = fmt.mantissa_bits
-    return dict(
-        CPG=fmt.codes_per_group, IS_INT=is_int, BITS=fmt.bits, MBITS=m, HAS_INF=fmt.has_inf,
-        HAS_NAN=fmt.has_nan, LSB=2.0 ** -m if is_int else 2.0 ** (fmt.min_exponent - m),
-        TO_VALUE=2.0 ** (127 - fmt.exponent_bias),
-    )
+    """The decode constants of the dequantize kernels (the kernel needs no BIAS) and the codes
+    per packed group."""
+    from .triton_backend import _decode_constants
+    constants = {k: v for k, v in _decode_constants(fmt).items() if k != "BIAS"}
+    return dict(constants, CPG=fmt.codes_per_group)
 
 
 def _even(N: int, K: int, blocks_k: int, block_size: int, block_n: int, per_split: int) -> bool:

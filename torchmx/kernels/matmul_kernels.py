@@ -27,16 +27,9 @@ in a fixed order (deterministic, unlike atomics), adds the bias and rounds once.
 import triton
 import triton.language as tl
 
-from ._tl_numerics import to_output
+from ._tl_numerics import decode_value, scale_value, to_output
 
 FP4_UNSHIFT = tl.constexpr(16384.0)  # fp4 decoded through fp16 bits is 2**-14 of its value
-
-
-@triton.jit
-def _scale(byte):
-    """2**(byte - 127) as fp32 (byte 0: the subnormal 2**-127; byte 255: NaN)."""
-    value = tl.where(byte > 0, byte << 23, 1 << 22).to(tl.float32, bitcast=True)
-    return tl.where(byte == 255, float("nan"), value)
 
 
 @triton.jit
@@ -47,8 +40,7 @@ def _values(code, dtype: tl.constexpr, FAST: tl.constexpr, IS_INT: tl.constexpr,
 
     FAST 1 / 2: fp8 e4m3 / e5m2 through the hardware conversion; FAST 4: fp4 e2m1 moved into
     an fp16 (its value times 2**-14, exact; the caller multiplies by FP4_UNSHIFT). Otherwise
-    the bits are placed in an fp32 (value * 2**(bias - 127)) and scaled back exactly, as the
-    dequantize kernels do.
+    the dequantize kernels' exact bit arithmetic (_tl_numerics.decode_value).
     """
     if FAST == 1:
         return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(dtype)
@@ -58,20 +50,8 @@ def _values(code, dtype: tl.constexpr, FAST: tl.constexpr, IS_INT: tl.constexpr,
         half = ((code & 8) << 12) | ((code & 7) << 9)
         return half.to(tl.int16).to(tl.float16, bitcast=True).to(dtype)
     else:
-        if IS_INT:
-            value = ((code << 24) >> 24).to(tl.float32) * LSB
-        else:
-            magnitude = code & ((1 << (BITS - 1)) - 1)
-            placed = (magnitude << (23 - MBITS)) | ((code << (32 - BITS)) & -2147483648)
-            value = placed.to(tl.float32, bitcast=True) * TO_VALUE
-            if HAS_INF:
-                top = (magnitude >> MBITS) == (1 << (BITS - 1 - MBITS)) - 1
-                special = tl.where((magnitude & ((1 << MBITS) - 1)) == 0, float("inf"),
-                                   float("nan"))
-                value = tl.where(top, tl.where(placed < 0, -special, special), value)
-            elif HAS_NAN:
-                value = tl.where(magnitude == (1 << (BITS - 1)) - 1, float("nan"), value)
-        return value.to(dtype)
+        return decode_value(code, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
+                            TO_VALUE).to(dtype)
 
 
 @triton.jit
@@ -316,7 +296,7 @@ def mx_weight_matmul_kernel(
         blk = b0 + tl.arange(0, NB)
         byte = _load(s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk,
                      n_ok[:, None] & (blk < last)[None, :], EVEN).to(tl.int32)
-        scale = _scale(byte)  # [BLOCK_N, NB]
+        scale = scale_value(byte)  # [BLOCK_N, NB]
         if not EVEN:
             scale = tl.where((blk < last)[None, :], scale, 0.0)
         if VARIANT == 0:
