@@ -281,6 +281,28 @@ def test_op_reference_implementation_matches_the_generic_path():
     torch.testing.assert_close(out, _reference(x, w, bias), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("case,error,named", [
+    ("input width", ValueError, "in_features"), ("scale dtype", TypeError, "weight_scale"),
+    ("data shape", ValueError, "data"), ("bias shape", ValueError, "bias"),
+    ("format", ValueError, "float5"), ("block size", ValueError, "block_size")])
+def test_op_bad_arguments_name_them(case, error, named):
+    w = MXTensor.to_mx(torch.randn(24, 80), "float4_e2m1", 32)
+    x = torch.randn(3, 80, dtype=torch.bfloat16)
+    kwargs = dict(input=x, weight_scale=w._scale_e8m0, weight_data=w._data,
+                  elem_dtype_name="float4_e2m1", block_size=32, in_features=80, bias=None,
+                  out_dtype=torch.bfloat16)
+    kwargs.update({
+        "input width": dict(input=x[:, :64]),
+        "scale dtype": dict(weight_scale=w._scale_e8m0.float()),
+        "data shape": dict(weight_data=w._data[:, :30]),
+        "bias shape": dict(bias=torch.zeros(23, dtype=torch.bfloat16)),
+        "format": dict(elem_dtype_name="float5"),
+        "block size": dict(block_size=0),
+    }[case])
+    with pytest.raises(error, match=named):
+        torch.ops.torchmx.mx_weight_linear(**kwargs)
+
+
 def test_compile_and_grad_through_the_kernels(kernels_on_cpu, monkeypatch):
     from torchmx.config import MXConfig, QLinearConfig
     from torchmx.quant_api import quantize_linear_
