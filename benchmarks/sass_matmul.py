@@ -1,0 +1,92 @@
+"""Instructions per weight code in the fused MX-weight kernel's main loop, read from its SASS.
+
+    python benchmarks/sass_matmul.py
+
+Needs Triton but no GPU: each configuration is compiled for sm_90 (Hopper) here, the cubin is
+disassembled with the cuobjdump that Triton ships, and the instructions of the longest loop
+are counted per weight code the loop handles (the figure docs/performance.md quotes). Unit
+strides are specialized to 1 and sizes marked divisible by 16, as Triton's launcher does for
+the benchmark's shapes; every tile is whole (EVEN).
+"""
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from torchmx import dtypes  # noqa: E402
+from torchmx.kernels import matmul as km  # noqa: E402
+from torchmx.kernels import matmul_kernels as mk  # noqa: E402
+
+CASES = [  # (format, FAST, variant, blocks per step, block_n)
+    (dtypes.float4_e2m1, 5, km.ROWS, 4, 128),
+    (dtypes.float8_e4m3, 1, km.ROWS, 8, 64),
+    (dtypes.int8, 0, km.ROWS, 8, 64),
+    (dtypes.float4_e2m1, 4, km.SCALED_DOTS, 4, 64),
+    (dtypes.float8_e4m3, 1, km.SCALED_DOTS, 4, 128),
+]
+UNIT_STRIDES = ("stride_xk", "stride_wk", "stride_sk", "stride_on")
+DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "bias_ptr", "out_ptr", "ws_ptr", "K", "N", "stride_xm",
+             "stride_wn", "stride_sn", "stride_om", "blocks_k", "blocks_per_split")
+
+
+def compile_sm90(fmt, fast, variant, nb, block_n, num_warps=4):
+    constants = dict(BLOCK=32, BLOCK_M=1 if variant == km.ROWS else 16, BLOCK_N=block_n,
+                     NB=1 if variant == km.BLOCK_DOTS else nb, VARIANT=variant, SPLIT=True,
+                     EVEN=True, HAS_BIAS=False, INTERPRETER=False, FAST=fast,
+                     **km._format_constants(fmt), **{name: 1 for name in UNIT_STRIDES})
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": "*bf16",
+                "out_ptr": "*bf16", "ws_ptr": "*fp32"}
+    names = mk.mx_weight_matmul_kernel.arg_names
+    signature = {n: "constexpr" if n in constants else pointers.get(n, "i32") for n in names}
+    source = ASTSource(
+        fn=mk.mx_weight_matmul_kernel, signature=signature,
+        constexprs={(names.index(n),): v for n, v in constants.items()},
+        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps, num_stages=2))
+
+
+def loop_opcodes(cubin: bytes):
+    """Opcodes of the longest backward-branching loop of the kernel's SASS."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    address = [int(re.search(r"/\*([0-9a-f]{4})\*/", line).group(1), 16) for line in lines]
+    opcode = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
+              for line in lines]
+    loops = []
+    for i, line in enumerate(lines):
+        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", line)
+        if target and int(target.group(1), 16) < address[i]:
+            loops.append((int(target.group(1), 16), address[i]))
+    start, end = max(loops, key=lambda loop: loop[1] - loop[0])
+    return [op.split(".")[0] for op, a in zip(opcode, address) if start <= a <= end]
+
+
+def main():
+    print(f"{'format':12s} {'variant':12s} {'instructions / code':>20s}  most frequent")
+    for fmt, fast, variant, nb, block_n in CASES:
+        kernel = compile_sm90(fmt, fast, variant, nb, block_n)
+        ops = loop_opcodes(kernel.asm["cubin"])
+        codes_per_step = block_n * nb * 32
+        threads = 4 * 32
+        common = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(5))
+        name = {km.ROWS: "rows", km.SCALED_DOTS: "scaled dots"}[variant]
+        print(f"{fmt.name:12s} {name:12s} {len(ops) * threads / codes_per_step:20.2f}  {common}")
+
+
+if __name__ == "__main__":
+    main()
