@@ -201,7 +201,7 @@ def fmt_ratio(ours, other):
     return f"{ours / other:.2f}x"
 
 
-def run_sweep(x):
+def run_sweep(x, kinds=None):
     """Time a few tile configurations per kernel; print the best (they can be copied into
     triton_backend.TUNING)."""
     rows_like = [dict(elements=e, columns=c, num_warps=w) for e, c, w in
@@ -216,9 +216,13 @@ def run_sweep(x):
         "dequantize_cols": [dict(elements=e, columns=c, num_warps=w) for e, c, w in
                             ((8192, 256, 4), (8192, 128, 8), (16384, 256, 8), (4096, 64, 4))],
         "quantize_fused": [dict(row_blocks=r, col_blocks=c, vec=v, num_warps=w) for r, c, v, w in
-                           ((1, 2, 8, 1), (1, 4, 8, 2), (2, 2, 8, 2), (1, 8, 2, 4))],
+                           ((1, 2, 8, 1), (1, 1, 8, 1), (1, 4, 8, 2), (2, 2, 8, 2), (1, 8, 2, 4))],
+        "dequantize_fp6_rows": [dict(chunks=c, row_chunks=r, num_warps=w) for c, r, w in
+                                ((512, 128, 4), (256, 128, 4), (1024, 128, 8), (512, 64, 4))],
     }
-    formats = [dtypes.float8_e4m3, dtypes.float6_e2m3, dtypes.float4_e2m1]
+    if kinds:
+        variants = {k: v for k, v in variants.items() if k in kinds}
+    formats = [dtypes.float8_e4m3, dtypes.float6_e2m3, dtypes.float4_e2m1, dtypes.int8]
     best = {}
     for kind, configs in variants.items():
         saved = dict(tb.TUNING[kind])
@@ -228,6 +232,8 @@ def run_sweep(x):
             total = 0.0
             try:
                 for fmt in formats:
+                    if kind == "dequantize_fp6_rows" and fmt.codes_per_group != 4:
+                        continue
                     if kind == "quantize_fused":
                         ms = bench(lambda: tb.quantize_rowwise_colwise(x, fmt, BLOCK, "floor", "even", None))
                     elif kind.startswith("quantize"):
@@ -256,10 +262,16 @@ def main():
     parser.add_argument("--cols", type=int, default=8192)
     parser.add_argument("--quick", action="store_true", help="fewer cases, no baselines")
     parser.add_argument("--sweep", action="store_true", help="tune tile shapes first")
+    parser.add_argument("--sweep-kinds", default=None,
+                        help="comma-separated TUNING kinds to sweep (default: all)")
     parser.add_argument("--torchao-path", default=None)
     parser.add_argument("--torchmx010-path", default=None)
     parser.add_argument("--formats", default=None,
                         help="comma-separated format names (default: all six)")
+    parser.add_argument("--ops", default="quantize,dequantize,fused",
+                        help="comma-separated subset of quantize, dequantize, fused")
+    parser.add_argument("--modes", default=None,
+                        help="comma-separated scale modes (default: all four; --quick: floor, rceil)")
     parser.add_argument("--no-baselines", action="store_true", help="time torchmx only")
     parser.add_argument("--json", default=None, help="write the rows here as JSON")
     args = parser.parse_args()
@@ -276,7 +288,7 @@ def main():
           f"({2 * nbytes(x) / 1e6:.0f} MB in {copy_ms * 1e3:.1f} us)")
 
     if args.sweep:
-        best = run_sweep(x)
+        best = run_sweep(x, args.sweep_kinds.split(",") if args.sweep_kinds else None)
         for kind, cfg in best.items():
             tb.TUNING[kind] = cfg
         print("using", json.dumps(best))
@@ -295,6 +307,9 @@ def main():
     if args.formats:
         formats = [dtypes.from_name(name) for name in args.formats.split(",")]
     modes = SCALE_MODES if not args.quick else ["floor", "rceil"]
+    if args.modes:
+        modes = args.modes.split(",")
+    ops = set(args.ops.split(","))
     table = []
 
     def add(op, fmt, mode, axis, num_bytes, ms, ref=None, tao=None, t010=None):
@@ -312,7 +327,7 @@ def main():
 
     baseline_formats = {"float8_e4m3", "float4_e2m1"}
     for fmt in formats:
-        for axis in (-1, 0):
+        for axis in (-1, 0) if "quantize" in ops else ():
             for mode in modes:
                 fn = lambda: tb.quantize(x, fmt, BLOCK, mode, "even", axis % 2, None)  # noqa: E731
                 scale, data = fn()
@@ -345,7 +360,7 @@ def main():
                     else:
                         t010 = old.get("q_" + fmt.name, "n/a")
                 add("quantize", fmt, mode, axis, num_bytes, ms, ref, tao, t010)
-        for axis in (-1, 0):
+        for axis in (-1, 0) if "dequantize" in ops else ():
             scale, data = tb.quantize(x, fmt, BLOCK, "floor", "even", axis % 2, None)
             n = x.shape[axis]
             fn = lambda: tb.dequantize(data, scale, fmt, BLOCK, torch.bfloat16, axis % 2, n)  # noqa: E731
@@ -377,7 +392,7 @@ def main():
                         "n/a" if old_note else old.get("d_" + fmt.name, "n/a"))
             add("dequantize", fmt, "-", axis, num_bytes, ms, ref, tao, t010)
             del out
-        for mode in modes[:2] if not args.quick else modes[:1]:
+        for mode in (modes[:2] if not args.quick else modes[:1]) if "fused" in ops else ():
             fn = lambda: tb.quantize_rowwise_colwise(x, fmt, BLOCK, mode, "even", None)  # noqa: E731
             (sr, dr), (sc, dc) = fn()
             for (s1, d1), axis in (((sr, dr), 1), ((sc, dc), 0)):

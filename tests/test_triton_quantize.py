@@ -245,7 +245,9 @@ def test_stochastic_rounding_same_for_every_grid(fmt, monkeypatch):
 @pytest.mark.parametrize("fmt", [dtypes.float6_e3m2, dtypes.float6_e2m3], ids=str)
 def test_fp6_rows_word_and_byte_paths(fmt):
     """fp6 along the last dim moves as 32-bit words when blocks and rows hold whole 16-code
-    chunks and the data is 4-byte aligned, else byte by byte: both equal the reference."""
+    chunks and the data is 4-byte aligned, else byte by byte: both equal the reference.
+    Dequantize takes 8 codes per thread where blocks and rows hold whole 8-code chunks and the
+    data is 2-byte aligned."""
     for shape, block_size in (((4, 64), 16), ((5, 96), 32), ((3, 72), 8), ((4, 72), 24),
                               ((1, 4096), 32), ((2, 40), 16)):
         x = wide_range_input(shape, torch.bfloat16, seed=shape[1])
@@ -253,7 +255,23 @@ def test_fp6_rows_word_and_byte_paths(fmt):
         check_dequantize(scale, data, fmt, block_size, torch.float32, -1, shape[1])
         got = tb.quantize_rowwise_colwise(x.to(DEVICE), fmt, block_size, "floor", "even", None)
         assert torch.equal(got[0][0].cpu(), scale) and torch.equal(got[0][1].cpu(), data)
-    # Data at an address that is not 4-byte aligned takes the byte path.
+    # Rows of whole 8-code chunks take the 8-codes-per-thread kernel (2-byte aligned data, here
+    # not 4-byte aligned); the 32-bit word path stays for other callers: both equal the reference.
+    x = wide_range_input((3, 80), torch.float16, seed=7)
+    scale, data = check_quantize(x, fmt, 16, "floor", "even", -1)
+    buffer = torch.zeros(data.numel() + 2, dtype=torch.uint8, device=DEVICE)
+    buffer[2:] = data.to(DEVICE).flatten()
+    shifted = buffer[2:].view(data.shape)
+    assert shifted.data_ptr() % 4 == 2 and tb._fp6_chunks(4, 16, 80, shifted)
+    for target in HP_DTYPES:
+        expected = dequantize_mx_reference(data, scale, fmt, 16, target, -1)
+        assert_same(expected, tb.dequantize(shifted, scale.to(DEVICE), fmt, 16, target, 1, 80))
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TORCHMX_TRITON_FP6_CHUNKS", "0")
+        check_dequantize(scale, data, fmt, 16, torch.bfloat16, -1, 80)
+    # Data at an odd address takes the byte path.
+    x = wide_range_input((2, 40), torch.bfloat16, seed=40)
+    scale, data = check_quantize(x, fmt, 16, "floor", "even", -1)
     buffer = torch.zeros(data.numel() + 1, dtype=torch.uint8, device=DEVICE)
     buffer[1:] = data.to(DEVICE).flatten()
     shifted = buffer[1:].view(data.shape)

@@ -8,7 +8,8 @@ Unpacking mirrors the quantize kernels (split/join along C, phases along R).
 import triton
 import triton.language as tl
 
-from ._tl_numerics import decode_scaled, program_coordinates, scale_value, to_output
+from ._tl_numerics import (decode_scaled, decode_value, program_coordinates, scale_value,
+                           to_output)
 
 
 @triton.jit
@@ -135,3 +136,47 @@ def dequantize_cols_kernel(
                       TO_VALUE)
             tl.store(dst + (first + p) * C, to_output(out, out_ptr.dtype.element_ty, SOFT_BF16),
                      mask=(in_block + p < BLOCK) & (first + p < R) & col_ok)
+
+
+@triton.jit
+def dequantize_fp6_rows_kernel(
+    data_ptr, scale_ptr, out_ptr, R, C, tiles_r, tiles_c, blocks_c, row_bytes,
+    BLOCK: tl.constexpr, TILE_R: tl.constexpr, TILE_CH: tl.constexpr, I64: tl.constexpr,
+    GRID: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+    HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr,
+    SOFT_BF16: tl.constexpr,
+):
+    """fp6 blocks along C (C % 8 == 0, BLOCK % 8 == 0, data 2-byte aligned): each thread
+    decodes 8 codes from their 6 bytes (three 16-bit loads) and writes them as one vector,
+    so neighbouring threads write neighbouring output; no layout conversion in between.
+    Data [R, row_bytes], scale [R, blocks_c]."""
+    _, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
+    rows = tr * TILE_R + tl.arange(0, TILE_R)
+    ch = tc * TILE_CH + tl.arange(0, TILE_CH)  # chunk: codes 8 * ch .. 8 * ch + 7
+    ok = (rows < R)[:, None] & (ch < C // 8)[None, :]
+    src = (data_ptr + rows[:, None] * row_bytes).to(tl.pointer_type(tl.uint16)) + 3 * ch[None, :]
+    h0 = tl.load(src, mask=ok, other=0).to(tl.int32)
+    h1 = tl.load(src + 1, mask=ok, other=0).to(tl.int32)
+    h2 = tl.load(src + 2, mask=ok, other=0).to(tl.int32)
+    low = h0 | (h1 << 16)  # bits 0..31 of the chunk's 48-bit stream
+    high = h1 | (h2 << 16)  # bits 16..47
+    byte = tl.load(scale_ptr + rows[:, None] * blocks_c + (ch * 8 // BLOCK)[None, :], mask=ok,
+                   other=0).to(tl.int32)
+    scale = scale_value(byte)
+    v0 = decode_value(low & 0x3F, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE) * scale
+    v1 = decode_value((low >> 6) & 0x3F, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE) * scale
+    v2 = decode_value((low >> 12) & 0x3F, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE) * scale
+    v3 = decode_value((low >> 18) & 0x3F, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE) * scale
+    v4 = decode_value((low >> 24) & 0x3F, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE) * scale
+    v5 = decode_value((high >> 14) & 0x3F, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE) * scale
+    v6 = decode_value((high >> 20) & 0x3F, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE) * scale
+    v7 = decode_value((high >> 26) & 0x3F, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE) * scale
+    dtype = out_ptr.dtype.element_ty
+    # join puts its operands side by side in a new last dim: this nesting orders v0 .. v7.
+    out = tl.join(tl.join(tl.join(to_output(v0, dtype, SOFT_BF16), to_output(v4, dtype, SOFT_BF16)),
+                          tl.join(to_output(v2, dtype, SOFT_BF16), to_output(v6, dtype, SOFT_BF16))),
+                  tl.join(tl.join(to_output(v1, dtype, SOFT_BF16), to_output(v5, dtype, SOFT_BF16)),
+                          tl.join(to_output(v3, dtype, SOFT_BF16), to_output(v7, dtype, SOFT_BF16))))
+    out = tl.reshape(out, [TILE_R, TILE_CH, 8])
+    dst = out_ptr + rows[:, None, None] * C + (ch * 8)[None, :, None] + tl.arange(0, 8)[None, None, :]
+    tl.store(dst, out, mask=ok[:, :, None])

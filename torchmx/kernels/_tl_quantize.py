@@ -37,6 +37,8 @@ def _codes(x, a, byte, index, key, HW_FP8: tl.constexpr, ROUNDING: tl.constexpr,
             return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
         else:
             return y.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.int32)
+    elif ROUNDING == 0 and IS_INT:
+        return _int_codes_even(x, a, byte, inverse, MBITS, MAX_CODE)
     else:
         if ROUNDING == 4:
             uniform = uniform_from_index(key, index)
@@ -46,6 +48,20 @@ def _codes(x, a, byte, index, key, HW_FP8: tl.constexpr, ROUNDING: tl.constexpr,
         code = encode(magnitude, x.to(tl.int32, bitcast=True), uniform, ROUNDING, IS_INT, BITS,
                       MBITS, EMIN, MAX_CODE, BIG_EMAX)
         return tl.where(byte == 255, 0, code)
+
+
+@triton.jit
+def _int_codes_even(x, a, byte, inverse, MBITS: tl.constexpr, MAX_CODE: tl.constexpr):
+    """MXINT8 codes with round half to even: encode()'s codes in fewer instructions (fewer
+    registers too: the fused kernel went from 193 to 128 per thread). y * 64 + 1.5 * 2**23
+    rounds y * 64 to an integer in the sum's low bits (|y * 64| < 2**8; the product is exact).
+    A NaN-scale block multiplies by 0 instead of selecting per element: with its NaN and Inf
+    replaced by a finite value, every element gives code 0."""
+    inverse = tl.where(byte == 255, 0.0, inverse)
+    finite = tl.minimum(a, 0x7F7FFFFF) | (x.to(tl.int32, bitcast=True) & -2147483648)
+    steps = (finite.to(tl.float32, bitcast=True) * inverse) * (1 << MBITS) + 12582912.0
+    code = steps.to(tl.int32, bitcast=True) - 0x4B400000
+    return tl.maximum(tl.minimum(code, MAX_CODE), -MAX_CODE)
 
 
 @triton.jit
@@ -431,7 +447,8 @@ def _rows_phase(x, a, rows, index, b, tc, R, cblocks, pos, scale_ptr, data_ptr, 
                 MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                 MAX_CODE: tl.constexpr, MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr,
                 RCEIL_ZERO: tl.constexpr, BIG_EMAX: tl.constexpr, WORDS: tl.constexpr):
-    """Row-wise quantize of one phase: x [A rows, NBC blocks, BLOCK] of rows `rows` [A]."""
+    """Row-wise quantize of one phase: x [A rows, NBC blocks, BLOCK] of rows `rows` [A], a its
+    |x| bits."""
     amax = tl.max(a, axis=2)  # [A, NBC]
     byte = scale_byte(amax, SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO)
     line = b * R + rows  # [A]

@@ -39,6 +39,7 @@ TUNING: Dict[str, Dict[str, int]] = {
     "quantize_cols": {"elements_per_thread": 64, "num_warps": 4},
     "quantize_fused": {"row_blocks": 1, "col_blocks": 2, "vec": 8, "num_warps": 1},
     "dequantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
+    "dequantize_fp6_rows": {"chunks": 256, "row_chunks": 128, "num_warps": 4},
     "dequantize_cols": {"elements": 8192, "columns": 256, "num_warps": 4},
 }
 _DEFAULT_TUNING = {kind: dict(cfg) for kind, cfg in TUNING.items()}
@@ -49,6 +50,7 @@ _INTERPRETER_TUNING: Dict[str, Dict[str, int]] = {
     "quantize_cols": {"elements_per_thread": 256, "num_warps": 4, "blocks": 64},
     "quantize_fused": {"row_blocks": 4, "col_blocks": 16, "vec": 8, "num_warps": 4},
     "dequantize_rows": {"elements": 65536, "columns": 1024, "num_warps": 4},
+    "dequantize_fp6_rows": {"chunks": 8192, "row_chunks": 1024, "num_warps": 4},
     "dequantize_cols": {"elements": 65536, "columns": 1024, "num_warps": 4},
 }
 _MAX_BLOCK_P = 16384  # larger blocks fall back to the reference numerics
@@ -259,6 +261,14 @@ def _fp6_words(cpg: int, block_size: int, n: int, data: Optional[torch.Tensor] =
     return data is None or data.data_ptr() % 4 == 0
 
 
+def _fp6_chunks(cpg: int, block_size: int, n: int, data: torch.Tensor) -> bool:
+    """Whether fp6 rows dequantize 8 codes (6 bytes, three 16-bit loads) per thread: blocks
+    and rows of whole 8-code chunks and 2-byte aligned data."""
+    if os.environ.get("TORCHMX_TRITON_FP6_CHUNKS", "1") == "0":
+        return False
+    return cpg == 4 and block_size % 8 == 0 and n % 8 == 0 and data.data_ptr() % 2 == 0
+
+
 def _signed32(key: int) -> int:
     """The 32-bit key as an int32 kernel argument (the kernel reinterprets it as uint32)."""
     return key - (1 << 32) if key >= (1 << 31) else key
@@ -385,7 +395,18 @@ def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes
     common = dict(BLOCK=block_size, BLOCK_P=block_p, I64=i64, CPG=cpg,
                   HW_FP8=_hw_fp8(fmt, data.device), SOFT_BF16=_interpreting(),
                   **_decode_constants(fmt))
-    if inner == 1:
+    if inner == 1 and _fp6_chunks(cpg, block_size, n, data):
+        cfg = _tuning("dequantize_fp6_rows")
+        tile_ch = max(1, min(_next_pow2(n // 8), cfg["row_chunks"]))
+        tile_r = max(1, min(_next_pow2(outer), cfg["chunks"] // tile_ch))
+        tiles_r, tiles_c = _cdiv(outer, tile_r), _cdiv(n // 8, tile_ch)
+        grid, grid_kind = _grid(1, tiles_r, tiles_c)
+        constants = {k: v for k, v in _decode_constants(fmt).items() if k != "BIAS"}
+        td.dequantize_fp6_rows_kernel[grid](
+            data, scale, out, outer, n, tiles_r, tiles_c, blocks, n // 8 * 6, BLOCK=block_size,
+            TILE_R=tile_r, TILE_CH=tile_ch, I64=i64, GRID=grid_kind, SOFT_BF16=_interpreting(),
+            num_warps=cfg["num_warps"], **constants)
+    elif inner == 1:
         common["WORDS"] = _fp6_words(cpg, block_size, n, data)
         tile_r, tile_nb, warps = _rows_tile("dequantize_rows", block_p, blocks, outer)
         tiles_r, tiles_c = _cdiv(outer, tile_r), _cdiv(blocks, tile_nb)
