@@ -14,8 +14,10 @@ copies, so the weights come from device memory, not from L2 (an fp4 8192 x 8192 
 Columns: "ours" (torchmx: the fused kernel for M <= SMALL_M, dequantize + cuBLAS above),
 "cuBLAS bf16" (F.linear on the unquantized bf16 weight), "compiled deq+mm" (torch.compile of
 the reference dequantize followed by the matmul), "old path" (torchmx 0.2's first version:
-exact fp32 dequantize, fp32 matmul), and for M = 8192 "cuBLAS on deq" (bf16 matmul of the
-already dequantized operands: the issue's target is ours <= 1.05x of it).
+exact fp32 dequantize, fp32 matmul), "read-only" (a Triton kernel that only reads the same
+weight bytes, best of a few tilings: the memory floor of any kernel streaming this weight here),
+and for M = 8192 "cuBLAS on deq" (bf16 matmul of the already dequantized operands: the
+issue's target is ours <= 1.05x of it).
 """
 
 import argparse
@@ -26,6 +28,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -91,8 +95,8 @@ def configs_to_sweep(M):
     """The fused kernel's variants and tile choices worth timing for M activation rows."""
     product = itertools.product
     if M == 1:
-        return ([km.Config(km.ROWS, bn, sk, nb, 4, ns) for bn, sk, nb, ns in product(
-                    (64, 128), (4, 8), (4, 8, 16), (2, 3))])
+        return [km.Config(km.ROWS, bn, sk, nb) for bn, sk, nb in product(
+            (4, 8, 16, 64, 128), (1, 2, 8), (4, 16, 32))]
     return [km.Config(km.SCALED_DOTS, bn, sk, nb, 4, ns) for bn, sk, nb, ns in product(
         (64, 128), (8,), (4, 8), (2, 3))]
 
@@ -142,16 +146,53 @@ def ratio(a, b):
     return f"{b / a:5.2f}x" if a and b else "  n/a"
 
 
+@triton.jit
+def _read_kernel(w_ptr, s_ptr, out_ptr, stride_wn, stride_sn, words_per_split,
+                 blocks_per_split, BN: tl.constexpr, WORDS: tl.constexpr, SB: tl.constexpr):
+    """Reads BN rows x one split of a weight's 32-bit words and its scale bytes; writes their
+    integer sum (so nothing is optimized away): the memory traffic of the matmul, no math."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    pid_k = tl.program_id(1)
+    acc = tl.zeros([BN], dtype=tl.int32)
+    base = (w_ptr + rows[:, None] * stride_wn).to(tl.pointer_type(tl.int32))
+    for i in range(0, words_per_split, WORDS):
+        acc += tl.sum(tl.load(base + pid_k * words_per_split + i + tl.arange(0, WORDS)[None, :]),
+                      axis=1)
+    for j in range(0, blocks_per_split, SB):
+        b = pid_k * blocks_per_split + j + tl.arange(0, SB)
+        acc += tl.sum(tl.load(s_ptr + rows[:, None] * stride_sn + b[None, :]).to(tl.int32),
+                      axis=1)
+    tl.store(out_ptr + pid_k * tl.num_programs(0) * BN + rows, acc)
+
+
+def read_floor_us(ws):
+    """Best time of a read-only Triton kernel over the weights' bytes (codes and scales), over
+    a few tilings: what streaming these bytes costs here, before any decoding."""
+    data, scale = ws[0]._data, ws[0]._scale_e8m0
+    N, row_words, blocks = data.shape[0], data.shape[1] // 4, scale.shape[1]
+    best = float("inf")
+    for bn, split, words in [(32, 8, 128), (8, 8, 128), (64, 32, 32), (32, 16, 64)]:
+        if N % bn or row_words % (split * words) or blocks % (split * 8):
+            continue
+        out = torch.empty(split * N, dtype=torch.int32, device="cuda")
+        calls = [lambda w=w: _read_kernel[(N // bn, split)](
+            w._data, w._scale_e8m0, out, w._data.stride(0), w._scale_e8m0.stride(0),
+            row_words // split, blocks // split, BN=bn, WORDS=words, SB=8) for w in ws]
+        best = min(best, graph_time_us(calls, repeats=10))
+    return best
+
+
 def table(N, K, Ms, fmts):
     print(f"\nMX-weight linear, N = K = {N}: microseconds per call (CUDA-graph replays, "
           f"{ROTATE} weight copies); ratios = baseline time / ours")
     print(f"{'format':12s} {'M':>5s} {'ours':>9s} {'cuBLAS bf16':>12s} {'compiled deq+mm':>16s} "
-          f"{'old path':>9s} {'weight TB/s':>12s}")
+          f"{'old path':>9s} {'weight TB/s':>12s} {'read-only':>10s}")
     dense = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(ROTATE)]
     for fmt in fmts:
         ws = make_weights(fmt, N, K, ROTATE)
         weight_bytes = ws[0]._data.numel() + ws[0]._scale_e8m0.numel()
         deq_mm = compiled_dequant_mm(fmt, K)
+        floor = read_floor_us(ws)
         for M in Ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             ours = graph_time_us([lambda w=w: F.linear(x, w) for w in ws])
@@ -167,7 +208,7 @@ def table(N, K, Ms, fmts):
             tbs = weight_bytes / ours / 1e6
             print(f"{fmt.name:12s} {M:5d} {ours:9.1f} {cublas:9.1f} ({ratio(ours, cublas)}) "
                   f"{(compiled or 0):9.1f} ({ratio(ours, compiled)}) "
-                  f"{(old or 0):7.1f} ({ratio(ours, old)}) {tbs:8.2f}")
+                  f"{(old or 0):7.1f} ({ratio(ours, old)}) {tbs:8.2f} {floor:10.1f}")
 
 
 def large_m(N, K, M, fmts):
@@ -204,6 +245,7 @@ def main():
     fmts = [dtypes.from_name(f) for f in args.formats.split(",")]
     if args.sweep:
         sweep([f for f in fmts if f in (dtypes.float4_e2m1, dtypes.float8_e4m3)], [1, 16], N, K)
+        sweep([f for f in fmts if f == dtypes.float6_e2m3], [1], N, K)
         return
     table(N, K, [int(m) for m in args.m.split(",")], fmts)
     large_m(N, K, 8192, [dtypes.float4_e2m1, dtypes.float8_e4m3])

@@ -26,10 +26,11 @@ from torchmx import dtypes  # noqa: E402
 from torchmx.kernels import matmul as km  # noqa: E402
 from torchmx.kernels import matmul_kernels as mk  # noqa: E402
 
-CASES = [  # (format, FAST, variant, blocks per step, block_n)
-    (dtypes.float4_e2m1, 5, km.ROWS, 4, 128),
-    (dtypes.float8_e4m3, 1, km.ROWS, 8, 64),
-    (dtypes.int8, 0, km.ROWS, 8, 64),
+CASES = [  # (format, FAST, variant, blocks per step, block_n): the default tiles
+    (dtypes.float4_e2m1, 5, km.ROWS, 32, 4),
+    (dtypes.float8_e4m3, 1, km.ROWS, 32, 8),
+    (dtypes.int8, 0, km.ROWS, 32, 8),
+    (dtypes.float6_e2m3, 0, km.ROWS, 4, 64),
     (dtypes.float4_e2m1, 4, km.SCALED_DOTS, 4, 64),
     (dtypes.float8_e4m3, 1, km.SCALED_DOTS, 4, 128),
 ]
@@ -42,6 +43,7 @@ def compile_sm90(fmt, fast, variant, nb, block_n, num_warps=4):
     constants = dict(BLOCK=32, BLOCK_M=1 if variant == km.ROWS else 16, BLOCK_N=block_n,
                      NB=1 if variant == km.BLOCK_DOTS else nb, VARIANT=variant, SPLIT=True,
                      EVEN=True, HAS_BIAS=False, INTERPRETER=False, FAST=fast,
+                     WORDS=variant == km.ROWS and (fast == 5 or fmt.codes_per_group == 4),
                      **km._format_constants(fmt), **{name: 1 for name in UNIT_STRIDES})
     pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": "*bf16",
                 "out_ptr": "*bf16", "ws_ptr": "*fp32"}

@@ -106,6 +106,20 @@ def test_hardware_decodes_are_exact(monkeypatch, fmt, fast, variant, dtype):
                                rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fmt", ["float6_e2m3", "float6_e3m2"])
+@pytest.mark.parametrize("K,words", [(96, True), (256, True), (200, False), (70, False)])
+@pytest.mark.parametrize("config,block_size", [(VARIANTS["rows"], 32), (VARIANTS["rows_nb4"], 32),
+                                               (km.Config(km.ROWS, 8, 1, 2), 64)])
+def test_fp6_rows_read_whole_words_or_bytes(fmt, K, words, config, block_size):
+    """fp6 rows of whole 4-byte words (K a multiple of 16) are read as 32-bit words, three per
+    sixteen codes, codes straddling words included; other rows byte by byte."""
+    x, w = _integer_operands(fmt, 1, 24, K, torch.bfloat16, block_size=block_size)
+    assert km._read_words(w.elem_dtype, w._data, K, config.variant, 0) == words
+    bias = torch.randint(-8, 9, (24,)).to(torch.bfloat16).to(DEVICE)
+    torch.testing.assert_close(_fused(x, w, bias, config), _reference(x, w, bias), rtol=0,
+                               atol=0)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("block_size", [32, 64])

@@ -5,9 +5,10 @@ once to the output dtype:
 
 - M <= SMALL_M activation rows (decode): the fused Triton kernel of matmul_kernels.py. The
   weight stays packed in memory and is decoded in registers; the scales multiply fp32 block
-  partials, so no element is ever rounded. Not fp6: its 3-byte groups are read a byte at a
-  time there, slower than the dequantize + cuBLAS path, which fp6 takes at every M.
-- larger M (prefill, training), and fp6 at every M: the weight is dequantized to bf16 (one
+  partials, so no element is ever rounded. fp6 only for one row whose weight rows are whole
+  32-bit words (K a multiple of 16): its dot variants read 3-byte groups a byte at a time,
+  slower than the dequantize + cuBLAS path.
+- larger M (prefill, training), and fp6 otherwise: the weight is dequantized to bf16 (one
   pass of the dequantize kernel) and multiplied by cuBLAS with fp32 accumulation (bf16
   reduced-precision reductions off; for few rows with an fp32 output rounded once here).
   Every MX value of every format is exact in bf16 except fp8 values below bf16's normal
@@ -88,9 +89,13 @@ def _default_config(fmt: dtypes.DType, M: int, N: int, blocks_k: int, dtype: tor
     few."""
     fp4 = fmt == dtypes.float4_e2m1
     stages = 2
-    if M <= ROWS_MAX_M:  # fp4 decodes whole words: wider tiles amortize the x broadcast
+    if M <= ROWS_MAX_M:
+        # Few rows per program, long runs of each row per step (512 bytes of fp4, 1 KiB of
+        # fp8): N alone gives enough programs, so K is not split and no second pass is needed.
+        # fp6 decodes sixteen codes from three words: more rows amortize the x broadcast.
         variant = ROWS
-        block_n, blocks = (128, 4) if fp4 else (64, 8)
+        block_n, blocks = {2: (4, 32), 4: (64, 4)}.get(fmt.codes_per_group, (8, 32))
+        blocks = min(blocks, 1 << max(0, blocks_k - 1).bit_length())
     elif dtype == torch.bfloat16:
         variant, block_n, blocks, stages = SCALED_DOTS, 64 if fp4 else 128, 4, 3
     else:
@@ -118,10 +123,19 @@ def _fast_decode(fmt: dtypes.DType, device: torch.device, variant: int = ROWS,
     return {dtypes.float8_e4m3: 1, dtypes.float8_e5m2: 2}.get(fmt, 0)
 
 
-def _whole_words(w_data: torch.Tensor, K: int) -> bool:
-    """fp4 rows that the kernel may read as aligned 32-bit words."""
-    return (K % 8 == 0 and w_data.stride(1) == 1 and w_data.stride(0) % 4 == 0
-            and w_data.data_ptr() % 4 == 0)
+def _whole_words(fmt: dtypes.DType, w_data: torch.Tensor, K: int) -> bool:
+    """fp4 / fp6 rows that the kernel may read as aligned 32-bit words (of 8 / 16 codes)."""
+    codes = {2: 8, 4: 16}.get(fmt.codes_per_group)
+    return (codes is not None and K % codes == 0 and w_data.stride(1) == 1
+            and w_data.stride(0) % 4 == 0 and w_data.data_ptr() % 4 == 0)
+
+
+def _read_words(fmt: dtypes.DType, w_data: torch.Tensor, K: int, variant: int,
+                fast: int) -> bool:
+    """The rows variant reads fp6 as whole words wherever it can, fp4 where its words are
+    decoded by inline PTX (FAST 5, GPU only)."""
+    return (variant == ROWS and _whole_words(fmt, w_data, K)
+            and (fmt.codes_per_group == 4 or fast == 5))
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,6 +178,8 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
           else out)
     grid = (-(-N // cfg.block_n), split_k, -(-M // block_m))
     interpreter = _interpreting()
+    fast = _fast_decode(fmt, x.device, cfg.variant, _whole_words(fmt, w_data, K))
+    words = _read_words(fmt, w_data, K, cfg.variant, fast)
     kernels.mx_weight_matmul_kernel[grid](
         x, w_data, w_scale, bias if bias is not None else out, out, ws,
         M, N, K, blocks_k, per_split,
@@ -171,10 +187,9 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
         w_scale.stride(0), w_scale.stride(1), out.stride(0), out.stride(1),
         BLOCK=block_size, BLOCK_M=block_m, BLOCK_N=cfg.block_n, NB=nb, VARIANT=cfg.variant,
         SPLIT=split_k > 1, EVEN=_even(N, K, blocks_k, block_size, cfg.block_n, per_split),
-        HAS_BIAS=bias is not None, INTERPRETER=interpreter,
+        HAS_BIAS=bias is not None, INTERPRETER=interpreter, WORDS=words,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        FAST=_fast_decode(fmt, x.device, cfg.variant, _whole_words(w_data, K)),
-        **_format_constants(fmt),
+        FAST=fast, **_format_constants(fmt),
     )
     if split_k > 1:
         block = 1024
@@ -242,7 +257,8 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
     """x [..., K] @ W.T + bias, W [N, K] in MX (see the module docstring)."""
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
-    fused = M <= SMALL_M and fmt.codes_per_group != 4 and _int32_offsets(x2, w_data, w_scale, M)
+    fused = (M <= SMALL_M and _int32_offsets(x2, w_data, w_scale, M)
+             and (fmt.codes_per_group != 4 or (M <= ROWS_MAX_M and _whole_words(fmt, w_data, K))))
     if x.device.type != "cuda" or fused:
         out = fused_linear(x2, w_scale, w_data, fmt, block_size, bias, out_dtype)
     else:

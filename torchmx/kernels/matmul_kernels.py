@@ -65,35 +65,70 @@ def _load(ptrs, mask, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.constexpr,
-           NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr):
-    """int32 codes of the blocks b0 .. b0 + NB - 1 (those at or past `last`, and codes at
-    k >= K, read as 0): [BLOCK_N, NB, BLOCK], or for fp4 the even and odd codes, each
-    [BLOCK_N, NB, BLOCK // 2] (code 2i is the low nibble of byte i)."""
-    G: tl.constexpr = BLOCK // CPG  # packed groups (bytes for fp4) per block
+def _raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.constexpr,
+               NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr):
+    """The packed codes of the blocks b0 .. b0 + NB - 1 as loaded (0 at or past `last` and at
+    k >= K). WORDS (rows of whole, 4-byte aligned 32-bit words): fp4 int32 words of eight codes,
+    [BLOCK_N, NB, BLOCK // 8]; fp6 the three words of each sixteen codes and a fourth read as 0,
+    [BLOCK_N, NB, BLOCK // 16, 4]. Else [BLOCK_N, NB, G] with G groups per block: fp6 int32
+    24-bit words of four codes (three bytes, little-endian), other formats the bytes."""
     j = tl.arange(0, NB)[None, :, None]
-    g = tl.arange(0, G)[None, None, :]
-    group = (b0 + j) * G + g
-    ok = (offs_n < N)[:, None, None] & (group * CPG < K) & (b0 + j < last)
     rows = w_ptr + offs_n[:, None, None] * stride_wn
-    if CPG == 4:  # fp6: 4 codes in 3 bytes (a little-endian 24-bit word)
-        src = rows + 3 * group * stride_wk
-        word = ((_load(src, ok, EVEN).to(tl.int32) & 0xFF)
-                | ((_load(src + stride_wk, ok, EVEN).to(tl.int32) & 0xFF) << 8)
-                | ((_load(src + 2 * stride_wk, ok, EVEN).to(tl.int32) & 0xFF) << 16))
-        codes = tl.join(tl.join(word & 0x3F, (word >> 12) & 0x3F),
-                        tl.join((word >> 6) & 0x3F, word >> 18))
-        first = codes.reshape(offs_n.shape[0], NB, BLOCK)
-        second = first
+    row_ok = (offs_n < N)[:, None, None] & (b0 + j < last)
+    if WORDS and CPG == 4:
+        G16: tl.constexpr = BLOCK // 16
+        j4 = j[:, :, :, None]
+        g = tl.arange(0, G16)[None, None, :, None]
+        i = tl.arange(0, 4)[None, None, None, :]
+        ok = row_ok[:, :, :, None] & ((b0 + j4) * BLOCK + 16 * g < K) & (i < 3)
+        word = ((b0 + j4) * G16 + g) * 3 + i
+        raw = tl.load(rows[:, :, :, None].to(tl.pointer_type(tl.int32)) + word, mask=ok, other=0)
+    elif WORDS:
+        WPB: tl.constexpr = BLOCK // 8
+        word = (b0 + j) * WPB + tl.arange(0, WPB)[None, None, :]
+        ok = row_ok & (word * 8 < K)
+        raw = _load(rows.to(tl.pointer_type(tl.int32)) + word, ok, EVEN)
     else:
-        raw = _load(rows + group * stride_wk, ok, EVEN).to(tl.int32) & 0xFF
-        if CPG == 2:
-            first = raw & 0xF
-            second = raw >> 4
+        G: tl.constexpr = BLOCK // CPG  # packed groups per block
+        group = (b0 + j) * G + tl.arange(0, G)[None, None, :]
+        ok = row_ok & (group * CPG < K)
+        if CPG == 4:
+            src = rows + 3 * group * stride_wk
+            raw = ((_load(src, ok, EVEN).to(tl.int32) & 0xFF)
+                   | ((_load(src + stride_wk, ok, EVEN).to(tl.int32) & 0xFF) << 8)
+                   | ((_load(src + 2 * stride_wk, ok, EVEN).to(tl.int32) & 0xFF) << 16))
         else:
-            first = raw
-            second = raw
+            raw = _load(rows + group * stride_wk, ok, EVEN)
+    return raw
+
+
+@triton.jit
+def _split_codes(raw, BLOCK: tl.constexpr, NB: tl.constexpr, CPG: tl.constexpr):
+    """int32 codes from `_raw_codes`' groups: [BLOCK_N, NB, BLOCK], or for fp4 the even and odd
+    codes, each [BLOCK_N, NB, BLOCK // 2] (code 2i is the low nibble of byte i)."""
+    if CPG != 4:
+        raw = raw.to(tl.int32) & 0xFF
+    if CPG == 4:
+        codes = tl.join(tl.join(raw & 0x3F, (raw >> 12) & 0x3F),
+                        tl.join((raw >> 6) & 0x3F, raw >> 18))
+        first = codes.reshape(raw.shape[0], NB, BLOCK)
+        second = first
+    elif CPG == 2:
+        first = raw & 0xF
+        second = raw >> 4
+    else:
+        first = raw
+        second = raw
     return first, second
+
+
+@triton.jit
+def _x_blocks_row(x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr, NB: tl.constexpr,
+                  EVEN: tl.constexpr):
+    """One row of x over the blocks b0 .. b0 + NB - 1 as fp32 [NB, BLOCK] (0 past K, `last`)."""
+    j = tl.arange(0, NB)[:, None]
+    k = (b0 + j) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    return _load(x_row_ptr + k * stride_xk, (k < K) & (b0 + j < last), EVEN).to(tl.float32)
 
 
 @triton.jit
@@ -102,9 +137,7 @@ def _x_row(x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr, NB: tl.conste
     """One row of x over the blocks b0 .. b0 + NB - 1 as fp32 [NB, BLOCK], loaded contiguously;
     for fp4 (STEP 2) split into its even and odd columns, [NB, BLOCK // 2] each. 0 past K and
     past `last`."""
-    j = tl.arange(0, NB)[:, None]
-    k = (b0 + j) * BLOCK + tl.arange(0, BLOCK)[None, :]
-    x = _load(x_row_ptr + k * stride_xk, (k < K) & (b0 + j < last), EVEN).to(tl.float32)
+    x = _x_blocks_row(x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, EVEN)
     if STEP == 2:
         first, second = tl.split(x.reshape(NB, BLOCK // 2, 2))
     else:
@@ -150,51 +183,85 @@ _FP4_WORD_TO_F32 = tl.constexpr("\n".join(
 
 
 @triton.jit
-def _fp4_words_row_partial(w_ptr, offs_n, N, K, b0, last, stride_wn, x_row_ptr, stride_xk,
-                           BLOCK: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr):
+def _phases4(t):
+    """t [..., 2, 2] -> its four [...] slices in index order (index 2 * a + b of t[..., a, b])."""
+    b0, b1 = tl.split(t)
+    t0, t2 = tl.split(b0)
+    t1, t3 = tl.split(b1)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _phases8(t):
+    """t [..., 2, 2, 2] -> its eight [...] slices in index order (index 4 * a + 2 * b + c of
+    t[..., a, b, c])."""
+    c0, c1 = tl.split(t)
+    t0, t2, t4, t6 = _phases4(c0)
+    t1, t3, t5, t7 = _phases4(c1)
+    return t0, t1, t2, t3, t4, t5, t6, t7
+
+
+@triton.jit
+def _fp4_words_row_partial(words, x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr,
+                           NB: tl.constexpr, EVEN: tl.constexpr):
     """fp32 [BLOCK_N, NB]: each block's unscaled partial times 2**-14 for one activation row,
-    fp4 codes read as 32-bit words and decoded eight at a time (GPU only: inline PTX; the host
-    checks that rows are whole, 4-byte aligned words)."""
+    from the blocks' fp4 codes as 32-bit `words` [BLOCK_N, NB, BLOCK // 8], decoded eight at a
+    time (GPU only: inline PTX)."""
     WPB: tl.constexpr = BLOCK // 8  # words per block
-    j = tl.arange(0, NB)[None, :, None]
-    word = (b0 + j) * WPB + tl.arange(0, WPB)[None, None, :]
-    ok = (offs_n < N)[:, None, None] & (word * 8 < K) & (b0 + j < last)
-    rows = (w_ptr + offs_n[:, None, None] * stride_wn).to(tl.pointer_type(tl.int32))
-    words = _load(rows + word, ok, EVEN)
     v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
         _FP4_WORD_TO_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words], dtype=(tl.float32,) * 8,
         is_pure=True, pack=1)
-    jx = tl.arange(0, NB)[:, None]
-    k = (b0 + jx) * BLOCK + tl.arange(0, BLOCK)[None, :]
-    x = _load(x_row_ptr + k * stride_xk, (k < K) & (b0 + jx < last), EVEN).to(tl.float32)
-    x = x.reshape(NB, WPB, 2, 2, 2)  # k = 8 * word + 4 * b2 + 2 * b1 + b0
-    e0, e1 = tl.split(x)
-    e00, e01 = tl.split(e0)
-    e10, e11 = tl.split(e1)
-    x0, x4 = tl.split(e00)
-    x2, x6 = tl.split(e01)
-    x1, x5 = tl.split(e10)
-    x3, x7 = tl.split(e11)
+    x = _x_blocks_row(x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, EVEN)
+    x0, x1, x2, x3, x4, x5, x6, x7 = _phases8(x.reshape(NB, WPB, 2, 2, 2))  # k = 8 * word + p
     part = (v0 * x0[None] + v1 * x1[None] + v2 * x2[None] + v3 * x3[None]
             + v4 * x4[None] + v5 * x5[None] + v6 * x6[None] + v7 * x7[None])
     return tl.sum(part, axis=2)
 
 
 @triton.jit
-def _rows_step(w_ptr, x_row_ptr, offs_n, N, K, b0, last, scale, stride_wn, stride_wk, stride_xk,
-               BLOCK: tl.constexpr, NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr,
-               FAST: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
-               MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
-               LSB: tl.constexpr, TO_VALUE: tl.constexpr):
-    """fp32 [BLOCK_N]: one activation row times the blocks b0 .. b0 + NB - 1, each block's
-    partial multiplied by its `scale` [BLOCK_N, NB]."""
+def _fp6_words_row_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr,
+                           NB: tl.constexpr, EVEN: tl.constexpr, BITS: tl.constexpr,
+                           MBITS: tl.constexpr, TO_VALUE: tl.constexpr):
+    """fp32 [BLOCK_N, NB]: each block's unscaled partial for one activation row, from the
+    blocks' fp6 codes as `_raw_codes` loads whole words, [BLOCK_N, NB, BLOCK // 16, 4]: the
+    three words w0 w1 w2 of each sixteen codes (code p in bits 6p .. 6p + 5 of the 96-bit
+    little-endian w2:w1:w0) and a 0."""
+    G16: tl.constexpr = BLOCK // 16
+    w0, w1, w2, _ = _phases4(raw.reshape(raw.shape[0], NB, G16, 2, 2))
+    codes = (w0, w0 >> 6, w0 >> 12, w0 >> 18, w0 >> 24, ((w0 >> 30) & 3) | (w1 << 2),
+             w1 >> 4, w1 >> 10, w1 >> 16, w1 >> 22, ((w1 >> 28) & 15) | (w2 << 4),
+             w2 >> 2, w2 >> 8, w2 >> 14, w2 >> 20, w2 >> 26)
+    x = _x_blocks_row(x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, EVEN)
+    x_even, x_odd = tl.split(x.reshape(NB, G16, 8, 2))  # k = 16 * group + 2 * q + r
+    x_even = _phases8(x_even.reshape(NB, G16, 2, 2, 2))
+    x_odd = _phases8(x_odd.reshape(NB, G16, 2, 2, 2))
+    part = tl.zeros([raw.shape[0], NB, G16], dtype=tl.float32)
+    for p in tl.static_range(16):
+        value = decode_value(codes[p] & 0x3F, False, BITS, MBITS, False, False, 1.0, TO_VALUE)
+        if p % 2 == 0:
+            part += value * x_even[p // 2][None]
+        else:
+            part += value * x_odd[p // 2][None]
+    return tl.sum(part, axis=2)
+
+
+@triton.jit
+def _rows_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr,
+                  NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr,
+                  FAST: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
+                  MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+                  LSB: tl.constexpr, TO_VALUE: tl.constexpr):
+    """fp32 [BLOCK_N, NB]: one activation row times each of the blocks b0 .. b0 + NB - 1
+    (unscaled), from the blocks' codes `raw` as `_raw_codes` loaded them."""
     if FAST == 5:  # fp4 as whole words
-        part = _fp4_words_row_partial(w_ptr, offs_n, N, K, b0, last, stride_wn, x_row_ptr,
-                                      stride_xk, BLOCK, NB, EVEN) * FP4_UNSHIFT
+        part = _fp4_words_row_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK, NB,
+                                      EVEN) * FP4_UNSHIFT
+    elif WORDS:  # fp6 as whole words
+        part = _fp6_words_row_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, EVEN,
+                                      BITS, MBITS, TO_VALUE)
     else:
         STEP: tl.constexpr = 2 if CPG == 2 else 1
-        first, second = _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK, NB,
-                               CPG, EVEN)
+        first, second = _split_codes(raw, BLOCK, NB, CPG)
         x_first, x_second = _x_row(x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, STEP, EVEN)
         value = _values(first, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
                         TO_VALUE)
@@ -205,7 +272,43 @@ def _rows_step(w_ptr, x_row_ptr, offs_n, N, K, b0, last, scale, stride_wn, strid
             part += tl.sum(value * x_second[None, :, :], axis=2)
         if FAST == 4:
             part = part * FP4_UNSHIFT
-    return tl.sum(part * scale, axis=1)
+    return part
+
+
+@triton.jit
+def _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB: tl.constexpr,
+                  EVEN: tl.constexpr):
+    """fp32 [BLOCK_N, NB]: the scales 2**(s - 127) of blocks b0 .. b0 + NB - 1 (0 at or past
+    `last`)."""
+    blk = b0 + tl.arange(0, NB)
+    byte = _load(s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk,
+                 (offs_n < N)[:, None] & (blk < last)[None, :], EVEN).to(tl.int32)
+    scale = scale_value(byte)
+    if not EVEN:
+        scale = tl.where((blk < last)[None, :], scale, 0.0)
+    return scale
+
+
+@triton.jit
+def _rows(w_ptr, s_ptr, x_row_ptr, offs_n, N, K, first, last, blocks_per_split, stride_wn,
+          stride_wk, stride_sn, stride_sk, stride_xk, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+          NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr,
+          FAST: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+          HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
+          TO_VALUE: tl.constexpr):
+    """fp32 [BLOCK_N]: one activation row times the blocks first .. last - 1 of W's rows offs_n.
+    Per-block sums are kept apart and added across blocks once, after the loop (no cross-thread
+    reduction per step)."""
+    acc = tl.zeros([BLOCK_N, NB], dtype=tl.float32)
+    for i in range(0, blocks_per_split, NB):
+        b0 = first + i
+        raw = _raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK, NB, CPG,
+                         EVEN, WORDS)
+        scale = _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB, EVEN)
+        acc += scale * _rows_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, CPG,
+                                     EVEN, WORDS, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                                     LSB, TO_VALUE)
+    return tl.sum(acc, axis=1)
 
 
 @triton.jit
@@ -232,8 +335,8 @@ def _dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn
     STEP: tl.constexpr = 2 if CPG == 2 else 1
     W: tl.constexpr = NB * BLOCK // STEP
     dtype = x_ptr.dtype.element_ty
-    first, second = _codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK, NB, CPG,
-                           EVEN)
+    first, second = _split_codes(_raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk,
+                                            BLOCK, NB, CPG, EVEN, False), BLOCK, NB, CPG)
     x_first, x_second = _x_columns(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK,
                                    NB, STEP, EVEN)
     if SCALED:
@@ -271,13 +374,14 @@ def mx_weight_matmul_kernel(
     stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sk, stride_om, stride_on,
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
     VARIANT: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr,
-    FAST: tl.constexpr, CPG: tl.constexpr, INTERPRETER: tl.constexpr,
+    WORDS: tl.constexpr, FAST: tl.constexpr, CPG: tl.constexpr, INTERPRETER: tl.constexpr,
     IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr,
     HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr,
 ):
     """Program (n tile, K split, m tile): VARIANT 0 rows (BLOCK_M = 1), 1 block dots (NB = 1),
     2 scaled dots. EVEN: every tile is whole (N, K and the splits are multiples of the tiles),
-    so no load is masked. FAST: see `_values`; 5 reads fp4 rows as 32-bit words."""
+    so no load is masked. WORDS (rows variant): fp4 / fp6 rows are read as 32-bit words (whole,
+    4-byte aligned rows). FAST: see `_values`; 5: fp4 words decoded through inline PTX."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -286,33 +390,23 @@ def mx_weight_matmul_kernel(
     first = pid_k * blocks_per_split
     last = tl.minimum(first + blocks_per_split, blocks_k)
     if VARIANT == 0:
-        offs_m = pid_m
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    else:
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for i in range(0, blocks_per_split, NB):
-        b0 = first + i
-        blk = b0 + tl.arange(0, NB)
-        byte = _load(s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk,
-                     n_ok[:, None] & (blk < last)[None, :], EVEN).to(tl.int32)
-        scale = scale_value(byte)  # [BLOCK_N, NB]
-        if not EVEN:
-            scale = tl.where((blk < last)[None, :], scale, 0.0)
-        if VARIANT == 0:
-            acc += _rows_step(w_ptr, x_ptr + pid_m * stride_xm, offs_n, N, K, b0, last, scale,
-                              stride_wn, stride_wk, stride_xk, BLOCK, NB, CPG, EVEN, FAST,
-                              IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE)
-        else:
-            acc += _dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn,
-                              stride_wk, stride_xm, stride_xk, BLOCK_N, BLOCK, NB, CPG,
-                              VARIANT == 2, EVEN, INTERPRETER, FAST, IS_INT, BITS, MBITS,
-                              HAS_INF, HAS_NAN, LSB, TO_VALUE)
-    if VARIANT == 0:
+        out = _rows(w_ptr, s_ptr, x_ptr + pid_m * stride_xm, offs_n, N, K, first, last,
+                    blocks_per_split, stride_wn, stride_wk, stride_sn, stride_sk, stride_xk,
+                    BLOCK, BLOCK_N, NB, CPG, EVEN, WORDS, FAST, IS_INT, BITS, MBITS, HAS_INF,
+                    HAS_NAN, LSB, TO_VALUE)
         rows = pid_m
         cols = offs_n
         mask = n_ok & (pid_m < M)
     else:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        out = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for i in range(0, blocks_per_split, NB):
+            b0 = first + i
+            scale = _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB, EVEN)
+            out += _dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn,
+                              stride_wk, stride_xm, stride_xk, BLOCK_N, BLOCK, NB, CPG,
+                              VARIANT == 2, EVEN, INTERPRETER, FAST, IS_INT, BITS, MBITS,
+                              HAS_INF, HAS_NAN, LSB, TO_VALUE)
         rows = offs_m[None, :]
         cols = offs_n[:, None]
         mask = (rows < M) & (cols < N)
@@ -320,13 +414,13 @@ def mx_weight_matmul_kernel(
         if HAS_BIAS:
             bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
             if VARIANT == 0:
-                acc += bias
+                out += bias
             else:
-                acc += bias[:, None]
+                out += bias[:, None]
         tl.store(out_ptr + rows * stride_om + cols * stride_on,
-                 to_output(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
+                 to_output(out, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
     else:
-        tl.store(ws_ptr + (pid_k * M + rows) * N + cols, acc, mask=mask)
+        tl.store(ws_ptr + (pid_k * M + rows) * N + cols, out, mask=mask)
 
 
 @triton.jit
