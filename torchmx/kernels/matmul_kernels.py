@@ -13,15 +13,16 @@ elements keeps every product exact whatever the scale (a scaled fp8 value can be
 normal range), and costs one multiply-add per output element per block, not per weight.
 
 Three variants (VARIANT): "rows" (one activation row per program, fp32 multiply-adds, each
-block's partial scaled once), "block dots" (a tensor-core dot per block of unscaled values,
+block's partial scaled once and kept apart until the end; fp4 and fp6 read as 32-bit words
+when the rows are whole words), "block dots" (a tensor-core dot per block of unscaled values,
 each partial scaled once) and "scaled dots" (the values of several blocks scaled in fp32,
 rounded to bf16, one dot: exact but for fp8 values below 2**-126). The dots take W as the left
 operand ("swap AB"): N fills the MMA's long side and the few activation rows are padded to 16.
 fp4 is split into its even (low nibble) and odd (high nibble) codes, each multiplied by the
 matching half of x: no interleaving of the nibbles in registers.
 
-Split-K: programs along K write fp32 partials [SPLIT_K, M, N] and `_reduce_kernel` adds them
-in a fixed order (deterministic, unlike atomics), adds the bias and rounds once.
+Split-K: programs along K write fp32 partials [SPLIT_K, M, N] and `reduce_splits_kernel` adds
+them in a fixed order (deterministic, unlike atomics), adds the bias and rounds once.
 """
 
 import triton
@@ -106,19 +107,19 @@ def _raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.co
 def _split_codes(raw, BLOCK: tl.constexpr, NB: tl.constexpr, CPG: tl.constexpr):
     """int32 codes from `_raw_codes`' groups: [BLOCK_N, NB, BLOCK], or for fp4 the even and odd
     codes, each [BLOCK_N, NB, BLOCK // 2] (code 2i is the low nibble of byte i)."""
-    if CPG != 4:
-        raw = raw.to(tl.int32) & 0xFF
     if CPG == 4:
         codes = tl.join(tl.join(raw & 0x3F, (raw >> 12) & 0x3F),
                         tl.join((raw >> 6) & 0x3F, raw >> 18))
         first = codes.reshape(raw.shape[0], NB, BLOCK)
         second = first
-    elif CPG == 2:
-        first = raw & 0xF
-        second = raw >> 4
     else:
-        first = raw
-        second = raw
+        codes = raw.to(tl.int32) & 0xFF
+        if CPG == 2:
+            first = codes & 0xF
+            second = codes >> 4
+        else:
+            first = codes
+            second = codes
     return first, second
 
 
