@@ -97,8 +97,8 @@ def configs_to_sweep(M):
     if M == 1:
         return [km.Config(km.ROWS, bn, sk, nb) for bn, sk, nb in product(
             (4, 8, 16, 64, 128), (1, 2, 8), (4, 16, 32))]
-    return [km.Config(km.SCALED_DOTS, bn, sk, nb, 4, ns) for bn, sk, nb, ns in product(
-        (64, 128), (8,), (4, 8), (2, 3))]
+    return [km.Config(km.SCALED_DOTS, bn, sk, nb, 4, 3) for bn, sk, nb in product(
+        (64, 128), (2, 4, 8), (2, 4, 8))]
 
 
 def sweep(fmts, Ms, N, K):

@@ -31,7 +31,7 @@ CASES = [  # (format, FAST, variant, blocks per step, block_n): the default tile
     (dtypes.float8_e4m3, 1, km.ROWS, 32, 8),
     (dtypes.int8, 0, km.ROWS, 32, 8),
     (dtypes.float6_e2m3, 0, km.ROWS, 4, 64),
-    (dtypes.float4_e2m1, 4, km.SCALED_DOTS, 4, 64),
+    (dtypes.float4_e2m1, 4, km.SCALED_DOTS, 2, 64),
     (dtypes.float8_e4m3, 1, km.SCALED_DOTS, 4, 128),
 ]
 UNIT_STRIDES = ("stride_xk", "stride_wk", "stride_sk", "stride_on")

@@ -97,7 +97,7 @@ def _default_config(fmt: dtypes.DType, M: int, N: int, blocks_k: int, dtype: tor
         block_n, blocks = {2: (4, 32), 4: (64, 4)}.get(fmt.codes_per_group, (8, 32))
         blocks = min(blocks, 1 << max(0, blocks_k - 1).bit_length())
     elif dtype == torch.bfloat16:
-        variant, block_n, blocks, stages = SCALED_DOTS, 64 if fp4 else 128, 4, 3
+        variant, block_n, blocks, stages = SCALED_DOTS, *((64, 2) if fp4 else (128, 4)), 3
     else:
         variant, block_n, blocks = BLOCK_DOTS, 64, 1
     tiles = -(-N // block_n) * (M if variant == ROWS else -(-M // _block_m(M)))
