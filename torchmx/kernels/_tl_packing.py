@@ -9,14 +9,18 @@ import triton.language as tl
 
 
 @triton.jit
+def _group_coordinates(total, inner, groups, TILE: tl.constexpr):
+    """This program's TILE lanes of the [B, groups, inner] grid of packed groups: whether each
+    is in range, and its (b, group q, inner k) coordinates (64-bit)."""
+    i = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+    return i < total, i // (inner * groups), (i // inner) % groups, i % inner
+
+
+@triton.jit
 def pack_kernel(codes_ptr, out_ptr, n, inner, groups, total, BITS: tl.constexpr,
                 CPG: tl.constexpr, BPG: tl.constexpr, TILE: tl.constexpr):
     """codes [B, n, inner] (one code per byte) -> out [B, groups * BPG, inner]."""
-    i = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
-    ok = i < total
-    k = i % inner
-    q = (i // inner) % groups
-    b = i // (inner * groups)
+    ok, b, q, k = _group_coordinates(total, inner, groups, TILE)
     word = tl.zeros([TILE], dtype=tl.int32)
     for c in tl.static_range(CPG):
         j = q * CPG + c
@@ -31,11 +35,7 @@ def pack_kernel(codes_ptr, out_ptr, n, inner, groups, total, BITS: tl.constexpr,
 def unpack_kernel(data_ptr, codes_ptr, n, inner, groups, total, BITS: tl.constexpr,
                   CPG: tl.constexpr, BPG: tl.constexpr, TILE: tl.constexpr):
     """data [B, groups * BPG, inner] -> codes [B, n, inner] (one code per byte)."""
-    i = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
-    ok = i < total
-    k = i % inner
-    q = (i // inner) % groups
-    b = i // (inner * groups)
+    ok, b, q, k = _group_coordinates(total, inner, groups, TILE)
     word = tl.zeros([TILE], dtype=tl.int32)
     for byte in tl.static_range(BPG):
         value = tl.load(data_ptr + (b * (groups * BPG) + q * BPG + byte) * inner + k, mask=ok,
