@@ -124,25 +124,27 @@ class TorchAO:
         except Exception as error:  # not installed, or does not import with this torch
             self.error = f"{type(error).__name__}: {error}"[:120]
 
-    def quantize(self, fmt, scale_mode, axis):
+    def _unsupported(self, fmt, axis):
+        """Why torchao cannot run this case, or None."""
         if self.error:
-            return None, "not available (" + self.error + ")"
+            return "not available (" + self.error + ")"
         if axis != -1:
-            return None, "last-dim blocks only"
+            return "last-dim blocks only"
         if fmt.name not in self.ELEM:
-            return None, "format not in torchao"
+            return "format not in torchao"
+        return None
+
+    def quantize(self, fmt, scale_mode, axis):
+        if self._unsupported(fmt, axis):
+            return None, self._unsupported(fmt, axis)
         elem = getattr(torch, self.ELEM[fmt.name])
         mode = self.modes[scale_mode]
         fn = torch.compile(lambda x: self.to_mx(x, elem, BLOCK, mode))
         return fn, None
 
     def dequantize(self, fmt, axis):
-        if self.error:
-            return None, "not available (" + self.error + ")"
-        if axis != -1:
-            return None, "last-dim blocks only"
-        if fmt.name not in self.ELEM:
-            return None, "format not in torchao"
+        if self._unsupported(fmt, axis):
+            return None, self._unsupported(fmt, axis)
         elem = getattr(torch, self.ELEM[fmt.name])
         fn = torch.compile(lambda d, s: self.to_dtype(d, s, elem, BLOCK, torch.bfloat16))
         return (fn, elem), None
