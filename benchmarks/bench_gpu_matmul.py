@@ -122,8 +122,12 @@ def sweep(fmts, Ms, N, K):
             best_of_variant = {}
             for t, cfg in rows:
                 best_of_variant.setdefault(cfg.variant, (t, cfg))
-            for t, cfg in rows[:4] + sorted(best_of_variant.values(), key=lambda r: r[0]):
-                print(f"sweep {fmt.name:12s} M={M:3d} {t:7.1f} us  {cfg}")
+            default = km._default_config(fmt, M, N, K // 32, torch.bfloat16, x.device)
+            shown = rows[:4] + sorted(best_of_variant.values(), key=lambda r: r[0])
+            shown += [(t, cfg) for t, cfg in rows if cfg == default][:1]
+            for t, cfg in shown:
+                tag = "  (default)" if cfg == default else ""
+                print(f"sweep {fmt.name:12s} M={M:3d} {t:7.1f} us  {cfg}{tag}")
     return results
 
 
@@ -237,7 +241,8 @@ def main():
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--formats", default=",".join(f.name for f in FORMATS))
-    parser.add_argument("--m", default="1,16,32,64,128", help="activation rows of the table")
+    parser.add_argument("--m", default=None,
+                        help="activation rows (table: 1,16,32,64,128; --sweep: 1,16)")
     args = parser.parse_args()
     name = torch.cuda.get_device_name()
     print(f"device: {name}, torch {torch.__version__}, {datetime.date.today()}")
@@ -246,10 +251,11 @@ def main():
     N = K = args.size
     fmts = [dtypes.from_name(f) for f in args.formats.split(",")]
     if args.sweep:
-        sweep([f for f in fmts if f in (dtypes.float4_e2m1, dtypes.float8_e4m3)], [1, 16], N, K)
+        Ms = [int(m) for m in (args.m or "1,16").split(",")]
+        sweep([f for f in fmts if f in (dtypes.float4_e2m1, dtypes.float8_e4m3)], Ms, N, K)
         sweep([f for f in fmts if f == dtypes.float6_e2m3], [1], N, K)
         return
-    table(N, K, [int(m) for m in args.m.split(",")], fmts)
+    table(N, K, [int(m) for m in (args.m or "1,16,32,64,128").split(",")], fmts)
     large_m(N, K, 8192, [dtypes.float4_e2m1, dtypes.float8_e4m3])
     if args.e2e:
         from decode_llama import run as run_e2e
