@@ -36,6 +36,17 @@ VARIANT_DTYPES = [(v, d) for v in VARIANTS for d in (torch.bfloat16, torch.float
                   if not (v == "scaled_dots" and d == torch.float16)]
 
 
+@pytest.mark.parametrize("fields,match", [
+    (dict(variant=3), "variant"), (dict(block_n=48), "block_n"), (dict(blocks=0), "blocks"),
+    (dict(num_warps=3), "num_warps"), (dict(split_k=0), "split_k"),
+    (dict(num_stages=0), "num_stages"), (dict(variant=km.SCALED_DOTS, block_n=8), "block_n"),
+])
+def test_config_rejects_impossible_launches(fields, match):
+    args = dict(variant=km.ROWS, block_n=16, split_k=1, blocks=2)
+    with pytest.raises(ValueError, match=match):
+        km.Config(**{**args, **fields})
+
+
 def test_scaled_dots_refuse_fp16():
     x, w = _integer_operands("float4_e2m1", 2, 8, 64, torch.float16)
     with pytest.raises(ValueError, match="bf16"):

@@ -75,6 +75,22 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2
 
+    def __post_init__(self):
+        if self.variant not in (ROWS, BLOCK_DOTS, SCALED_DOTS):
+            raise ValueError(f"Config: variant must be ROWS, BLOCK_DOTS or SCALED_DOTS "
+                             f"({ROWS}, {BLOCK_DOTS}, {SCALED_DOTS}), got {self.variant!r}")
+        for name in ("block_n", "blocks", "num_warps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"Config: {name} must be a power of two, got {value!r}")
+        for name in ("split_k", "num_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Config: {name} must be a positive int, got {value!r}")
+        if self.variant != ROWS and self.block_n < 16:
+            raise ValueError(f"Config: the dot variants need block_n >= 16 (tensor-core "
+                             f"tiles), got {self.block_n}")
+
 
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
