@@ -5,9 +5,9 @@ import statistics
 import torch
 
 
-def graph_time_us(calls, repeats=20) -> float:
-    """Median microseconds per call of `calls` (a list of thunks, run in order), captured in
-    one CUDA graph and replayed; they run once first (compiles, autotuning) on a side stream."""
+def capture(calls) -> torch.cuda.CUDAGraph:
+    """`calls` (a list of thunks, run in order) captured in one CUDA graph; they run once
+    first (compiles, autotuning) on a side stream."""
     torch.cuda.synchronize()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -21,6 +21,12 @@ def graph_time_us(calls, repeats=20) -> float:
             c()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def graph_time_us(calls, repeats=20) -> float:
+    """Median microseconds per call of `calls`, captured in one CUDA graph and replayed."""
+    graph = capture(calls)
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -30,3 +36,35 @@ def graph_time_us(calls, repeats=20) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000 / len(calls))
     return statistics.median(times)
+
+
+def interleaved_us(variants: dict, rounds=21, warmup=3) -> dict:
+    """Microseconds per call of each variant (name -> list of thunks), round by round: each
+    variant is captured in its own CUDA graph, and every round replays each graph once, back
+    to back, in an order rotated from round to round. Clock changes (power and thermal limits)
+    then hit all variants alike, and per-round ratios (`ratio_stats`) cancel them. The first
+    `warmup` rounds are dropped. Returns name -> list of per-round times."""
+    graphs = {name: (capture(calls), len(calls)) for name, calls in variants.items()}
+    names = list(graphs)
+    times = {name: [] for name in names}
+    for r in range(warmup + rounds):
+        shift = r % len(names)
+        events = []
+        for name in names[shift:] + names[:shift]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[name][0].replay()
+            end.record()
+            events.append((name, start, end))
+        torch.cuda.synchronize()
+        if r >= warmup:
+            for name, start, end in events:
+                times[name].append(start.elapsed_time(end) * 1000 / graphs[name][1])
+    return times
+
+
+def ratio_stats(times: dict, name: str, base: str):
+    """(median, min, max) over rounds of times[name] / times[base], each round's ratio taken
+    from the same round's replays."""
+    ratios = sorted(a / b for a, b in zip(times[name], times[base]))
+    return statistics.median(ratios), ratios[0], ratios[-1]

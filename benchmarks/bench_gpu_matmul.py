@@ -4,6 +4,7 @@ mm, measured side by side in one run (issue #7).
     python benchmarks/bench_gpu_matmul.py              # check, then the table (N = K = 8192)
     python benchmarks/bench_gpu_matmul.py --sweep      # time the fused kernel's configurations
     python benchmarks/bench_gpu_matmul.py --e2e        # + decode latency of a Llama-style stack
+    python benchmarks/bench_gpu_matmul.py --large-m    # only M = 8192 vs cuBLAS on deq, interleaved
 
 Every case is first checked against the exact product (fp64 of the dequantized operands; the
 fp32-accumulated result must be within a few fp32 ulps of the inner products' magnitude, and
@@ -24,6 +25,7 @@ import argparse
 import datetime
 import itertools
 import os
+import statistics
 import sys
 
 import torch
@@ -37,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torchmx import MXTensor, dtypes  # noqa: E402
 from torchmx.kernels import matmul as km  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
-from _timing import graph_time_us  # noqa: E402
+from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
 
 FORMATS = [dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float6_e2m3,
            dtypes.float6_e3m2, dtypes.int8]
@@ -217,21 +219,28 @@ def table(N, K, Ms, fmts):
                   + (f"{floor:10.1f}" if floor < float("inf") else f"{'-':>10}"))
 
 
-def large_m(N, K, M, fmts):
+def large_m(N, K, M, fmts, rounds=21):
     print(f"\nM = {M}, N = K = {N}: ours vs cuBLAS bf16 on the already dequantized operands "
-          "(target <= 1.05x)")
+          f"(target <= 1.05x); the three graphs replayed interleaved, {rounds} rounds: ratios "
+          "are medians of per-round ratios [min - max]")
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     for fmt in fmts:
         ws = make_weights(fmt, N, K, 2)
         w_deq = [w.dequantize(torch.bfloat16) for w in ws]
-        ours = graph_time_us([lambda w=w: F.linear(x, w) for w in ws], repeats=10)
-        base = graph_time_us([lambda w=w: F.linear(x, w) for w in w_deq], repeats=10)
         x_mx = MXTensor.to_mx(x, fmt, 32)
-        both = graph_time_us([lambda w=w: F.linear(x_mx, w) for w in ws], repeats=10)
-        tflops = 2 * M * N * K / base / 1e6
-        print(f"{fmt.name:12s} weight-only {ours:8.1f} us  cuBLAS on deq {base:8.1f} us "
-              f"({tflops:.0f} TFLOP/s)  ratio {ours / base:5.3f}x   MX x MX {both:8.1f} us "
-              f"ratio {both / base:5.3f}x")
+        times = interleaved_us({
+            "base": [lambda w=w: F.linear(x, w) for w in w_deq],
+            "weight-only": [lambda w=w: F.linear(x, w) for w in ws],
+            "MX x MX": [lambda w=w: F.linear(x_mx, w) for w in ws],
+        }, rounds=rounds)
+        base = statistics.median(times["base"])
+        line = (f"{fmt.name:12s} cuBLAS on deq {base:7.1f} us "
+                f"({2 * M * N * K / base / 1e6:.0f} TFLOP/s)")
+        for name in ("weight-only", "MX x MX"):
+            med, lo, hi = ratio_stats(times, name, "base")
+            line += (f"   {name} {statistics.median(times[name]):7.1f} us "
+                     f"{med:5.3f}x [{lo:5.3f} - {hi:5.3f}]")
+        print(line)
 
 
 def main():
@@ -241,22 +250,30 @@ def main():
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--formats", default=",".join(f.name for f in FORMATS))
+    parser.add_argument("--large-m", action="store_true",
+                        help="only the M = 8192 comparison (no check, no table)")
+    parser.add_argument("--rounds", type=int, default=21,
+                        help="interleaved rounds of the M = 8192 comparison")
     parser.add_argument("--m", default=None,
                         help="activation rows (table: 1,16,32,64,128; --sweep: 1,16)")
     args = parser.parse_args()
     name = torch.cuda.get_device_name()
     print(f"device: {name}, torch {torch.__version__}, {datetime.date.today()}")
-    if not args.no_check:
-        check_all(name)
     N = K = args.size
     fmts = [dtypes.from_name(f) for f in args.formats.split(",")]
+    large = [dtypes.float4_e2m1, dtypes.float8_e4m3]
+    if args.large_m:
+        large_m(N, K, 8192, [f for f in fmts if f in large] or large, args.rounds)
+        return
+    if not args.no_check:
+        check_all(name)
     if args.sweep:
         Ms = [int(m) for m in (args.m or "1,16").split(",")]
         sweep([f for f in fmts if f in (dtypes.float4_e2m1, dtypes.float8_e4m3)], Ms, N, K)
         sweep([f for f in fmts if f == dtypes.float6_e2m3], [1], N, K)
         return
     table(N, K, [int(m) for m in (args.m or "1,16,32,64,128").split(",")], fmts)
-    large_m(N, K, 8192, [dtypes.float4_e2m1, dtypes.float8_e4m3])
+    large_m(N, K, 8192, large, args.rounds)
     if args.e2e:
         from decode_llama import run as run_e2e
         run_e2e()
