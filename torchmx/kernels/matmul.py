@@ -11,6 +11,10 @@ once to the output dtype:
 - larger M (prefill, training), and fp6 otherwise: the weight is dequantized to bf16 (one
   pass of the dequantize kernel) and multiplied by cuBLAS with fp32 accumulation (bf16
   reduced-precision reductions off; for few rows with an fp32 output rounded once here).
+  For large bf16 products without bias (PIPELINE_*: M >= 4096, K >= 8192, N 4096..8192) the
+  weight is dequantized in chunks of rows (output columns) on a side stream, one GEMM per
+  chunk over all of K, so that the dequantize of the next chunk runs behind the GEMM of the
+  current one (same sums, same single rounding).
   Every MX value of every format is exact in bf16 except fp8 values below bf16's normal
   range, 2**-126, which only blocks with a scale below 2**-124 (e4m3) or 2**-117 (e5m2) can
   hold: they are rounded to bf16's subnormal grid (round half to even). fp16 activations are
@@ -39,6 +43,16 @@ SMALL_M = 64
 # Up to this many rows, one program per activation row with fp32 multiply-adds; above,
 # tensor-core dots with the activation rows padded to 16.
 ROWS_MAX_M = 1
+# The large-M path pipelines the weight's dequantize behind cuBLAS (`_pipelined_linear`) for
+# bf16 products without bias of M >= PIPELINE_MIN_M rows, K >= PIPELINE_MIN_K and N in
+# PIPELINE_N, in chunks of PIPELINE_COLUMNS output columns: where it was measured to win on an
+# H100 (M = 4096 and 8192 at N = K = 8192; no gain at K = 4096, a loss at M <= 2048 or with
+# chunks of 512 columns; docs/matmul.md). Elsewhere one dequantize, then one GEMM.
+PIPELINE_MIN_M = 4096
+PIPELINE_MIN_K = 8192
+PIPELINE_N = (4096, 8192)
+PIPELINE_COLUMNS = 1024
+_PIPELINE_PRIORITY = -1  # of the side stream (lower is higher)
 
 _BLOCK_SIZES = (32, 64, 128, 256)
 # (mantissa bits, largest exponent, exponent of the smallest subnormal) of each dtype.
@@ -243,18 +257,89 @@ def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() @ b.float()  # aten's mm.dtype is CUDA-only
 
 
+_side_streams = {}
+
+
+def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """One side stream per device and priority, taken once from PyTorch's pool (before any
+    graph capture that uses it: torch.cuda.graph fills the pool before capturing)."""
+    key = (device.index if device.index is not None else torch.cuda.current_device(),
+           _PIPELINE_PRIORITY)
+    if key not in _side_streams:
+        _side_streams[key] = torch.cuda.Stream(device=key[0], priority=_PIPELINE_PRIORITY)
+    return _side_streams[key]
+
+
+def _chunk_bounds(N: int, columns: int) -> list:
+    """[0, columns, 2 * columns, ..., N]: ranges of `columns` output columns, the last shorter."""
+    return list(range(0, N, max(columns, 1))) + [N]
+
+
+def _pipeline_bounds(M: int, N: int, K: int) -> Optional[list]:
+    """The chunks of the pipelined path for a bf16 product without bias of this shape, or None
+    where one dequantize and one GEMM are used (see PIPELINE_MIN_M)."""
+    if M < max(PIPELINE_MIN_M, SMALL_M + 1) or K < PIPELINE_MIN_K:
+        return None
+    if not PIPELINE_N[0] <= N <= PIPELINE_N[1]:
+        return None
+    bounds = _chunk_bounds(N, PIPELINE_COLUMNS)
+    return bounds if len(bounds) > 2 else None
+
+
+def _dequantize_rows(w_data, w_scale, fmt, block_size, K, r0, r1):
+    return torch.ops.torchmx.dequantize_mx(w_data[r0:r1], w_scale[r0:r1], fmt.name, block_size,
+                                           torch.bfloat16, 1, block_dim_size=K)
+
+
+def _pipelined_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
+                      fmt: dtypes.DType, block_size: int, K: int, bounds: list) -> torch.Tensor:
+    """x @ W.T for bf16 x [M, K] and a bf16 result, one GEMM per chunk of W's rows (output
+    columns) bounds[j]:bounds[j + 1], each over all of K: every output is the same
+    fp32-accumulated sum, rounded once. On CUDA the chunks are dequantized in order on a side
+    stream and each GEMM waits only for its own chunk, so the dequantize of chunk j + 1 runs
+    behind the GEMM of chunk j; under graph capture the events become the graph's edges.
+    No bias: torch.addmm into column slices of the output was seen (torch 2.11, H100) to miss
+    the single rounding of product + bias by one ulp in 9.5% of the outputs."""
+    out = x.new_empty((x.shape[0], w_scale.shape[0]))
+    cuda = x.is_cuda
+    if cuda:
+        main, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
+        side.wait_stream(main)  # the operands are ready
+    chunks = []
+    with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+        for c0, c1 in zip(bounds, bounds[1:]):
+            w = _dequantize_rows(w_data, w_scale, fmt, block_size, K, c0, c1)
+            event = None
+            if cuda:
+                event = torch.cuda.Event()
+                event.record(side)
+            chunks.append((c0, c1, w, event))
+    for c0, c1, w, event in chunks:
+        if cuda:
+            main.wait_event(event)
+            w.record_stream(main)  # its memory is not reused before main's GEMM has read it
+        torch.mm(x, w.t(), out=out[:, c0:c1])
+    return out
+
+
 def dequantized_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
                        fmt: dtypes.DType, block_size: int, K: int, bias: Optional[torch.Tensor],
                        out_dtype: torch.dtype) -> torch.Tensor:
-    """The large-M path: W dequantized to bf16, then one cuBLAS GEMM with fp32 accumulation."""
+    """The large-M path: W dequantized to bf16, then cuBLAS GEMMs with fp32 accumulation (one,
+    or for large bf16 products without bias one per chunk of W: `_pipelined_linear`)."""
+    bf16 = x.dtype == torch.bfloat16 and out_dtype == torch.bfloat16
+    bounds = _pipeline_bounds(x.shape[0], w_scale.shape[0], K) if bf16 and bias is None else None
+    if bounds is not None:
+        with _fp32_reductions():
+            return _pipelined_linear(x, w_scale, w_data, fmt, block_size, K, bounds)
     w = torch.ops.torchmx.dequantize_mx(w_data, w_scale, fmt.name, block_size, torch.bfloat16,
                                         1, block_dim_size=K).t()
     with _fp32_reductions():
-        if x.dtype == torch.bfloat16 and x.shape[0] > SMALL_M:
+        if bf16 and x.shape[0] > SMALL_M:
             return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
         # Few rows (cuBLAS's bf16 matrix-vector path was seen to round beyond one final
-        # rounding on an H100) or fp16 (x = hi + lo, two exact bf16 parts): fp32 products,
-        # one rounding at the end.
+        # rounding on an H100), fp16 (x = hi + lo, two exact bf16 parts) or another output
+        # dtype: fp32 products, one rounding at the end.
         parts = [x]
         if x.dtype != torch.bfloat16:
             hi = x.to(torch.bfloat16)
