@@ -203,8 +203,9 @@ def fmt_ratio(ours, other):
     return f"{ours / other:.2f}x"
 
 
-def run_sweep(x, kinds=None):
-    """Time a few tile configurations per kernel; print the best (they can be copied into
+def run_sweep(x, kinds=None, sweep_formats=None):
+    """Time a few tile configurations per kernel (summed over `sweep_formats`, by default fp8,
+    fp6 e2m3, fp4 and MXINT8); print the best (they can be copied into
     triton_backend.TUNING)."""
     rows_like = [dict(elements=e, columns=c, num_warps=w) for e, c, w in
                  ((4096, 128, 4), (8192, 256, 8), (16384, 256, 8), (16384, 512, 16))]
@@ -225,6 +226,8 @@ def run_sweep(x, kinds=None):
     if kinds:
         variants = {k: v for k, v in variants.items() if k in kinds}
     formats = [dtypes.float8_e4m3, dtypes.float6_e2m3, dtypes.float4_e2m1, dtypes.int8]
+    if sweep_formats:
+        formats = sweep_formats
     best = {}
     for kind, configs in variants.items():
         saved = dict(tb.TUNING[kind])
@@ -254,7 +257,7 @@ def run_sweep(x, kinds=None):
         tb.TUNING[kind] = saved
         results.sort(key=lambda r: r[0])
         best[kind] = results[0][1]
-        print(f"sweep {kind}: " + "; ".join(f"{c} {t:.3f} ms" for t, c in results[:4]))
+        print(f"sweep {kind}: " + "; ".join(f"{c} {t:.3f} ms" for t, c in results))
     return best
 
 
@@ -269,7 +272,8 @@ def main():
     parser.add_argument("--torchao-path", default=None)
     parser.add_argument("--torchmx010-path", default=None)
     parser.add_argument("--formats", default=None,
-                        help="comma-separated format names (default: all six)")
+                        help="comma-separated format names (default: all six; also what "
+                             "--sweep times)")
     parser.add_argument("--ops", default="quantize,dequantize,fused",
                         help="comma-separated subset of quantize, dequantize, fused")
     parser.add_argument("--modes", default=None,
@@ -290,7 +294,9 @@ def main():
           f"({2 * nbytes(x) / 1e6:.0f} MB in {copy_ms * 1e3:.1f} us)")
 
     if args.sweep:
-        best = run_sweep(x, args.sweep_kinds.split(",") if args.sweep_kinds else None)
+        best = run_sweep(x, args.sweep_kinds.split(",") if args.sweep_kinds else None,
+                         [dtypes.from_name(n) for n in args.formats.split(",")]
+                         if args.formats else None)
         for kind, cfg in best.items():
             tb.TUNING[kind] = cfg
         print("using", json.dumps(best))
