@@ -6,7 +6,8 @@ Needs Triton but no GPU: each configuration is compiled for sm_90 (Hopper) here,
 disassembled with the cuobjdump that Triton ships, and the instructions of the longest loop
 are counted per weight code the loop handles (the figure docs/performance.md quotes). Unit
 strides are specialized to 1 and sizes marked divisible by 16, as Triton's launcher does for
-the benchmark's shapes; every tile is whole (EVEN).
+the benchmark's shapes; every tile is whole (EVEN). The tiles are matmul._default_config's
+for N = K = 8192 (M = 1 for the rows variant, 16 for the dots), then a few other rows tiles.
 """
 
 import collections
@@ -18,6 +19,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -26,14 +28,18 @@ from torchmx import dtypes  # noqa: E402
 from torchmx.kernels import matmul as km  # noqa: E402
 from torchmx.kernels import matmul_kernels as mk  # noqa: E402
 
-CASES = [  # (format, FAST, variant, blocks per step, block_n): the default tiles
-    (dtypes.float4_e2m1, 5, km.ROWS, 32, 4),
-    (dtypes.float8_e4m3, 1, km.ROWS, 32, 8),
-    (dtypes.int8, 0, km.ROWS, 32, 8),
-    (dtypes.float6_e2m3, 0, km.ROWS, 4, 64),
-    (dtypes.float4_e2m1, 4, km.SCALED_DOTS, 2, 64),
-    (dtypes.float8_e4m3, 1, km.SCALED_DOTS, 4, 128),
+CASES = [  # (format, FAST, variant): at the default tiles
+    (dtypes.float4_e2m1, 5, km.ROWS),
+    (dtypes.float8_e4m3, 1, km.ROWS),
+    (dtypes.int8, 0, km.ROWS),
+    (dtypes.float6_e2m3, 0, km.ROWS),
+    (dtypes.float4_e2m1, 4, km.SCALED_DOTS),
+    (dtypes.float8_e4m3, 1, km.SCALED_DOTS),
 ]
+# fp4 rows with 8 rows x 64 blocks per program: 2 warps along the rows, so each thread holds 4
+# rows and converts each x value once for all four (see matmul_kernels._block_major_codes);
+# the fastest fp4 tile of one H100 sweep (17.1 us at N = K = 8192, vs 23.5 at 4 x 32).
+OTHER_ROWS_TILES = [(dtypes.float4_e2m1, 5, km.Config(km.ROWS, 8, 1, 64))]
 UNIT_STRIDES = ("stride_xk", "stride_wk", "stride_sk", "stride_on")
 DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "bias_ptr", "out_ptr", "ws_ptr", "K", "N", "stride_xm",
              "stride_wn", "stride_sn", "stride_om", "blocks_k", "blocks_per_split")
@@ -78,16 +84,28 @@ def loop_opcodes(cubin: bytes):
     return [op.split(".")[0] for op, a in zip(opcode, address) if start <= a <= end]
 
 
+def instructions_per_code(fmt, fast, cfg: km.Config):
+    """(loop instructions per weight code, the most frequent opcodes) at tile `cfg`."""
+    nb = 1 if cfg.variant == km.BLOCK_DOTS else cfg.blocks
+    kernel = compile_sm90(fmt, fast, cfg.variant, nb, cfg.block_n, cfg.num_warps)
+    ops = loop_opcodes(kernel.asm["cubin"])
+    threads = cfg.num_warps * 32
+    common = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(5))
+    return len(ops) * threads / (cfg.block_n * nb * 32), common
+
+
 def main():
-    print(f"{'format':12s} {'variant':12s} {'instructions / code':>20s}  most frequent")
-    for fmt, fast, variant, nb, block_n in CASES:
-        kernel = compile_sm90(fmt, fast, variant, nb, block_n)
-        ops = loop_opcodes(kernel.asm["cubin"])
-        codes_per_step = block_n * nb * 32
-        threads = 4 * 32
-        common = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(5))
-        name = {km.ROWS: "rows", km.SCALED_DOTS: "scaled dots"}[variant]
-        print(f"{fmt.name:12s} {name:12s} {len(ops) * threads / codes_per_step:20.2f}  {common}")
+    print(f"{'format':12s} {'variant':12s} {'tile':>16s} {'instructions / code':>20s}  "
+          "most frequent (per thread and step)")
+    cases = [(fmt, fast, km._default_config(fmt, 1 if variant == km.ROWS else 16, 8192, 256,
+                                            torch.bfloat16, torch.device("cpu")))
+             for fmt, fast, variant in CASES] + OTHER_ROWS_TILES
+    for fmt, fast, cfg in cases:
+        per_code, common = instructions_per_code(fmt, fast, cfg)
+        name = {km.ROWS: "rows", km.BLOCK_DOTS: "block dots",
+                km.SCALED_DOTS: "scaled dots"}[cfg.variant]
+        tile = f"{cfg.block_n} x {cfg.blocks}, {cfg.num_warps} warps"
+        print(f"{fmt.name:12s} {name:12s} {tile:>16s} {per_code:20.2f}  {common}")
 
 
 if __name__ == "__main__":

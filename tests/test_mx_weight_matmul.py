@@ -110,11 +110,52 @@ def test_fused_kernel_is_exact_on_exact_sums(fmt, variant, dtype, M, N, K):
 @pytest.mark.parametrize("variant,dtype", VARIANT_DTYPES)
 def test_hardware_decodes_are_exact(monkeypatch, fmt, fast, variant, dtype):
     """The GPU's decode shortcuts (fp8 conversions, fp4 through fp16 bits), forced on here so
-    that the interpreter runs them too (fp4 words, FAST 5, are inline PTX: GPU tests only)."""
+    that the interpreter runs them too (fp4 words, FAST 5: test_fp4_rows_read_whole_words)."""
     monkeypatch.setattr(km, "_fast_decode", lambda fmt, device, *variant_and_words: fast)
     x, w = _integer_operands(fmt, 3, 20, 160, dtype)
     torch.testing.assert_close(_fused(x, w, None, VARIANTS[variant]), _reference(x, w),
                                rtol=0, atol=0)
+
+
+# Rows tiles of the fp4 word path: 4 rows per thread (16 rows over 4 warps; 8 rows over the 2
+# warps left by 64 blocks), one row, two warps; with N = 32 and K = 256 the last two are whole
+# tiles (EVEN), N = 20 / K = 200 are not.
+FP4_WORD_TILES = [km.Config(km.ROWS, 16, 1, 32), km.Config(km.ROWS, 8, 1, 64),
+                  km.Config(km.ROWS, 4, 2, 2), km.Config(km.ROWS, 8, 1, 4, num_warps=2)]
+
+
+@pytest.mark.parametrize("config", FP4_WORD_TILES)
+@pytest.mark.parametrize("block_size", [32, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M,N,K", [(1, 20, 200), (2, 32, 256)])
+def test_fp4_rows_read_whole_words(monkeypatch, config, block_size, dtype, M, N, K):
+    """fp4 rows of whole 4-byte words are read as 32-bit words and decoded eight codes at a
+    time (FAST 5: inline PTX on the GPU; under the interpreter, where it is forced on here, the
+    same steps in Triton), laid out block-major (see matmul_kernels._block_major_codes)."""
+    monkeypatch.setattr(km, "_fast_decode", lambda fmt, device, *variant_and_words: 5)
+    x, w = _integer_operands("float4_e2m1", M, N, K, dtype, block_size=block_size)
+    assert km._read_words(w.elem_dtype, w._data, K, config.variant, 5)
+    bias = torch.randint(-8, 9, (N,)).to(dtype).to(DEVICE)
+    torch.testing.assert_close(_fused(x, w, bias, config), _reference(x, w, bias), rtol=0,
+                               atol=0)
+
+
+@pytest.mark.parametrize("config", FP4_WORD_TILES)
+def test_fp4_rows_words_special_scales(monkeypatch, config):
+    """The fp4 word path: a NaN scale byte makes its row NaN, 2**127 overflows to Inf, 2**-127
+    is exact; the other rows are untouched."""
+    monkeypatch.setattr(km, "_fast_decode", lambda fmt, device, *variant_and_words: 5)
+    x, w = _integer_operands("float4_e2m1", 1, 16, 256, torch.bfloat16)
+    x = x.abs() + 1
+    scale, data = w._scale_e8m0.clone(), w._data.clone()
+    scale[0, 5] = 255  # NaN
+    scale[1, :] = 254  # 2**127 times codes of 1.0 (0x2) and positive x: the sum overflows
+    data[1] = 0x22
+    scale[2, :] = 0  # 2**-127
+    w = w._replace(scale, data)
+    out = _fused(x, w, None, config).float()
+    assert out[0, 0].isnan() and out[0, 1] == float("inf")
+    torch.testing.assert_close(out[:, 2:], _reference(x, w).float()[:, 2:], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fmt", ["float6_e2m3", "float6_e3m2"])

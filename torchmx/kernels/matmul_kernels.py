@@ -14,7 +14,9 @@ normal range), and costs one multiply-add per output element per block, not per 
 
 Three variants (VARIANT): "rows" (one activation row per program, fp32 multiply-adds, each
 block's partial scaled once and kept apart until the end; fp4 and fp6 read as 32-bit words
-when the rows are whole words), "block dots" (a tensor-core dot per block of unscaled values,
+when the rows are whole words; fp4 words and fp8 codes laid out block-major, each thread
+holding whole blocks of one or more weight rows and the matching x values, see
+`_block_major_codes`), "block dots" (a tensor-core dot per block of unscaled values,
 each partial scaled once) and "scaled dots" (the values of several blocks scaled in fp32,
 rounded to bf16, one dot: exact but for fp8 values below 2**-126). The dots take W as the left
 operand ("swap AB"): N fills the MMA's long side and the few activation rows are padded to 16.
@@ -69,8 +71,8 @@ def _load(ptrs, mask, EVEN: tl.constexpr):
 def _raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.constexpr,
                NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr):
     """The packed codes of the blocks b0 .. b0 + NB - 1 as loaded (0 at or past `last` and at
-    k >= K). WORDS (rows of whole, 4-byte aligned 32-bit words): fp4 int32 words of eight codes,
-    [BLOCK_N, NB, BLOCK // 8]; fp6 the three words of each sixteen codes and a fourth read as 0,
+    k >= K). WORDS (fp6 rows of whole, 4-byte aligned 32-bit words): the three words of each
+    sixteen codes and a fourth read as 0,
     [BLOCK_N, NB, BLOCK // 16, 4]. Else [BLOCK_N, NB, G] with G groups per block: fp6 int32
     24-bit words of four codes (three bytes, little-endian), other formats the bytes."""
     j = tl.arange(0, NB)[None, :, None]
@@ -84,11 +86,6 @@ def _raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.co
         ok = row_ok[:, :, :, None] & ((b0 + j4) * BLOCK + 16 * g < K) & (i < 3)
         word = ((b0 + j4) * G16 + g) * 3 + i
         raw = tl.load(rows[:, :, :, None].to(tl.pointer_type(tl.int32)) + word, mask=ok, other=0)
-    elif WORDS:
-        WPB: tl.constexpr = BLOCK // 8
-        word = (b0 + j) * WPB + tl.arange(0, WPB)[None, None, :]
-        ok = row_ok & (word * 8 < K)
-        raw = _load(rows.to(tl.pointer_type(tl.int32)) + word, ok, EVEN)
     else:
         G: tl.constexpr = BLOCK // CPG  # packed groups per block
         group = (b0 + j) * G + tl.arange(0, G)[None, None, :]
@@ -166,21 +163,67 @@ def _x_columns(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK: tl.co
     return first, second
 
 
-# Eight fp4 codes of a 32-bit word (code p in bits 4p .. 4p + 3) to fp32 values times 2**-14:
-# codes p and p + 4 are moved into the two halves of an fp16 pair in three logic operations
-# (magnitude bits to fp16 bits 9-11, sign to bit 15), then each half is converted exactly.
-_FP4_WORD_TO_F32 = tl.constexpr("\n".join(
-    ["{", ".reg .b32 a, b, h;", ".reg .b16 lo, hi;"]
-    + [line for p in range(4) for line in (
-        f"shl.b32 a, $8, {9 - 4 * p};" if p < 3 else "shr.b32 a, $8, 3;",
-        "and.b32 a, a, 0x0E000E00;",
-        f"shl.b32 b, $8, {12 - 4 * p};",
-        "and.b32 b, b, 0x80008000;",
-        "or.b32 h, a, b;",
+# Eight fp4 codes of a 32-bit word (code p in bits 4p .. 4p + 3) to fp32 values times 2**-14.
+# Each code is first rewritten as the high byte of its fp16 (sign to bit 7, magnitude to bits
+# 1-3: the value times 2**-14, exact), four codes to a register: `o` the odd codes 1 3 5 7,
+# `e` the even codes 0 2 4 6, three and four logic operations. One byte permute per two codes
+# then puts two such bytes in the high bytes of an fp16 pair (codes p and p + 4, low bytes 0),
+# and each half is converted exactly: about 1.4 logic operations and one conversion per code.
+_FP4_WORD_TO_F32 = tl.constexpr("\n".join([
+    "{", ".reg .b32 o, e, t, h;", ".reg .b16 lo, hi;",
+    "shr.b32 t, $8, 3;", "and.b32 t, t, 0x0E0E0E0E;", "and.b32 o, $8, 0x80808080;",
+    "or.b32 o, o, t;",
+    "shl.b32 t, $8, 1;", "and.b32 t, t, 0x0E0E0E0E;", "shl.b32 e, $8, 4;",
+    "and.b32 e, e, 0x80808080;", "or.b32 e, e, t;"]
+    # prmt selector 0x2404: bytes (0, b0, 0, b2) of the register; 0x3414: (0, b1, 0, b3)
+    + [line for p, (reg, sel) in enumerate([("e", "0x2404"), ("o", "0x2404"), ("e", "0x3414"),
+                                           ("o", "0x3414")]) for line in (
+        f"prmt.b32 h, {reg}, 0, {sel};",
         "mov.b32 {lo, hi}, h;",
         f"cvt.f32.f16 ${p}, lo;",
         f"cvt.f32.f16 ${p + 4}, hi;")]
     + ["}"]))
+
+
+@triton.jit
+def _fp16_pair_to_f32(h):
+    """The two fp16 halves of int32 `h` (low half first) as fp32."""
+    lo = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (h >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _fp4_word_values(words, INTERPRETER: tl.constexpr):
+    """The eight fp4 codes of each int32 word (code p in bits 4p .. 4p + 3) as eight fp32
+    tensors, values times 2**-14: `_FP4_WORD_TO_F32`, or under the interpreter (which runs no
+    PTX) the same steps in Triton."""
+    if INTERPRETER:
+        o = ((words >> 3) & 0x0E0E0E0E) | (words & -0x7F7F7F80)  # 0x80808080
+        e = ((words << 1) & 0x0E0E0E0E) | ((words << 4) & -0x7F7F7F80)
+        v0, v4 = _fp16_pair_to_f32((e << 8) & -0xFF0100)  # 0xFF00FF00
+        v1, v5 = _fp16_pair_to_f32((o << 8) & -0xFF0100)
+        v2, v6 = _fp16_pair_to_f32(e & -0xFF0100)
+        v3, v7 = _fp16_pair_to_f32(o & -0xFF0100)
+    else:
+        v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+            _FP4_WORD_TO_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words], dtype=(tl.float32,) * 8,
+            is_pure=True, pack=1)
+    return v0, v1, v2, v3, v4, v5, v6, v7
+
+
+@triton.jit
+def _to_f32(x, INTERPRETER: tl.constexpr):
+    """bf16 / fp16 `x` as fp32. bf16 on the GPU: one logic operation per value on the 32-bit
+    register of two (pack=2: element 2i in the low half, 2i + 1 in the high half), where
+    Triton's conversion moves the high half down and shifts it back up."""
+    if x.dtype == tl.bfloat16 and not INTERPRETER:
+        value = tl.inline_asm_elementwise(
+            "shl.b32 $0, $2, 16;\nand.b32 $1, $2, 0xFFFF0000;", "=r,=r,r", [x],
+            dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        value = x.to(tl.float32)
+    return value
 
 
 @triton.jit
@@ -203,19 +246,73 @@ def _phases8(t):
 
 
 @triton.jit
-def _fp4_words_row_partial(words, x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr,
-                           NB: tl.constexpr, EVEN: tl.constexpr):
+def _block_major_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.constexpr,
+                       NB: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr):
+    """The codes of W's rows offs_n over the blocks b0 .. b0 + NB - 1, [BLOCK_N, NB, E] (0 past
+    K and at or past `last`): WORDS, fp4 as int32 words of eight codes (E = BLOCK // 8), else
+    one code per byte (fp8, E = BLOCK).
+
+    Loaded block-major, [NB, BLOCK_N, E // V, V] in 16-byte vectors of V elements, then
+    permuted: Triton (3.6) lays a load out with each thread holding a vector along the
+    contiguous last dimension and the lanes, then the warps, along the other dimensions in
+    order. So the lanes run along the blocks, the warps along the rows, and each thread holds
+    whole blocks of one or more rows (4 rows of 16 over 4 warps). `_block_major_x` loads x the
+    same way, so each thread has the x values of its blocks at hand (no layout conversion
+    through shared memory) and converts each once for all the rows it holds. (Any other
+    layout gives the same results, only slower: benchmarks/sass_matmul.py shows it.)"""
+    BN: tl.constexpr = offs_n.shape[0]
+    E: tl.constexpr = BLOCK // 8 if WORDS else BLOCK
+    V: tl.constexpr = 4 if WORDS else 16
+    CODES: tl.constexpr = 8 if WORDS else 1  # per element
+    j = tl.arange(0, NB)[:, None, None, None]
+    rows = offs_n[None, :, None, None]
+    e = ((b0 + j) * E + V * tl.arange(0, E // V)[None, None, :, None]
+         + tl.arange(0, V)[None, None, None, :])
+    ok = (rows < N) & (b0 + j < last) & (e * CODES < K)
+    if WORDS:
+        ptrs = (w_ptr + rows * stride_wn).to(tl.pointer_type(tl.int32)) + e
+    else:
+        ptrs = w_ptr + rows * stride_wn + e * stride_wk
+    return tl.permute(_load(ptrs, ok, EVEN), (1, 0, 2, 3)).reshape(BN, NB, E)
+
+
+@triton.jit
+def _block_major_x(x_row_ptr, K, b0, last, stride_xk, BN: tl.constexpr, BLOCK: tl.constexpr,
+                   NB: tl.constexpr, EVEN: tl.constexpr, INTERPRETER: tl.constexpr):
+    """x over the blocks b0 .. b0 + NB - 1 in fp32, laid out as `_block_major_codes`:
+    [BN, NB, BLOCK // 8, 8], x[k] at [:, j, g, p] for k = (b0 + j) * BLOCK + 8g + p, the same
+    for each of the BN rows (0 past K and at or past `last`).
+
+    Loaded block-major in vectors of eight. The rows dimension (offset 0) is there so that the
+    load is laid out as the codes: warps along it, not along the vectors of a block. A thread
+    holding several rows loads and converts their (equal) x values once: the compiler merges
+    the identical loads."""
+    j = tl.arange(0, NB)[:, None, None, None]
+    row = tl.arange(0, BN)[None, :, None, None]
+    k = ((b0 + j) * BLOCK + 8 * tl.arange(0, BLOCK // 8)[None, None, :, None]
+         + tl.arange(0, 8)[None, None, None, :] + 0 * row)
+    x = _load(x_row_ptr + k * stride_xk, (k < K) & (b0 + j < last), EVEN)
+    return _to_f32(tl.permute(x, (1, 0, 2, 3)), INTERPRETER)
+
+
+@triton.jit
+def _fp4_words_row_partial(words, x, BLOCK: tl.constexpr, INTERPRETER: tl.constexpr):
     """fp32 [BLOCK_N, NB]: each block's unscaled partial times 2**-14 for one activation row,
-    from the blocks' fp4 codes as 32-bit `words` [BLOCK_N, NB, BLOCK // 8], decoded eight at a
-    time (GPU only: inline PTX)."""
-    WPB: tl.constexpr = BLOCK // 8  # words per block
-    v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
-        _FP4_WORD_TO_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words], dtype=(tl.float32,) * 8,
-        is_pure=True, pack=1)
-    x = _x_blocks_row(x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, EVEN)
-    x0, x1, x2, x3, x4, x5, x6, x7 = _phases8(x.reshape(NB, WPB, 2, 2, 2))  # k = 8 * word + p
-    part = (v0 * x0[None] + v1 * x1[None] + v2 * x2[None] + v3 * x3[None]
-            + v4 * x4[None] + v5 * x5[None] + v6 * x6[None] + v7 * x7[None])
+    from the blocks' fp4 codes as int32 words and x as `_block_major_codes` and
+    `_block_major_x` lay them out, decoded eight at a time. Each block's products are one
+    chain of multiply-adds per row."""
+    BN: tl.constexpr = words.shape[0]
+    NB: tl.constexpr = words.shape[1]
+    C: tl.constexpr = BLOCK // 32  # groups of four words per block
+    w_words = _phases4(words.reshape(BN, NB, C, 2, 2))  # word 4c + i: [BN, NB, C]
+    x_words = _phases4(tl.permute(x.reshape(BN, NB, C, 4, 8), (0, 1, 2, 4, 3))
+                       .reshape(BN, NB, C, 8, 2, 2))  # its eight x values: [BN, NB, C, 8]
+    part = tl.zeros([BN, NB, C], dtype=tl.float32)
+    for i in tl.static_range(4):
+        v = _fp4_word_values(w_words[i], INTERPRETER)
+        xp = _phases8(x_words[i].reshape(BN, NB, C, 2, 2, 2))  # k = 8 * word + p
+        for p in tl.static_range(8):
+            part += v[p] * xp[p]
     return tl.sum(part, axis=2)
 
 
@@ -251,12 +348,20 @@ def _rows_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr,
                   NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr,
                   FAST: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
                   MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
-                  LSB: tl.constexpr, TO_VALUE: tl.constexpr):
+                  LSB: tl.constexpr, TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr,
+                  BLOCK_MAJOR: tl.constexpr):
     """fp32 [BLOCK_N, NB]: one activation row times each of the blocks b0 .. b0 + NB - 1
-    (unscaled), from the blocks' codes `raw` as `_raw_codes` loaded them."""
-    if FAST == 5:  # fp4 as whole words
-        part = _fp4_words_row_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK, NB,
-                                      EVEN) * FP4_UNSHIFT
+    (unscaled), from the blocks' codes `raw` as `_block_major_codes` (BLOCK_MAJOR) or
+    `_raw_codes` loaded them."""
+    if BLOCK_MAJOR:
+        x = _block_major_x(x_row_ptr, K, b0, last, stride_xk, raw.shape[0], BLOCK, NB, EVEN,
+                           INTERPRETER)
+        if FAST == 5:
+            part = _fp4_words_row_partial(raw, x, BLOCK, INTERPRETER) * FP4_UNSHIFT
+        else:
+            value = _values(raw.to(tl.int32) & 0xFF, tl.float32, FAST, IS_INT, BITS, MBITS,
+                            HAS_INF, HAS_NAN, LSB, TO_VALUE)
+            part = tl.sum(value * x.reshape(raw.shape), axis=2)
     elif WORDS:  # fp6 as whole words
         part = _fp6_words_row_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, EVEN,
                                       BITS, MBITS, TO_VALUE)
@@ -278,12 +383,20 @@ def _rows_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr,
 
 @triton.jit
 def _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB: tl.constexpr,
-                  EVEN: tl.constexpr):
+                  EVEN: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False):
     """fp32 [BLOCK_N, NB]: the scales 2**(s - 127) of blocks b0 .. b0 + NB - 1 (0 at or past
-    `last`)."""
+    `last`). BLOCK_MAJOR: in `_block_major_codes`' layout, one byte at a time (a load
+    vectorized along the blocks would need a layout conversion through shared memory)."""
     blk = b0 + tl.arange(0, NB)
-    byte = _load(s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk,
-                 (offs_n < N)[:, None] & (blk < last)[None, :], EVEN).to(tl.int32)
+    if BLOCK_MAJOR:
+        offs = offs_n[None, :] * stride_sn + blk[:, None] * stride_sk
+        if NB > 1:  # (a [1, 1] tensor is folded to a scalar, which takes no such hint)
+            offs = tl.max_contiguous(offs, [1, 1])
+        byte = tl.permute(_load(s_ptr + offs, (offs_n < N)[None, :] & (blk < last)[:, None],
+                                EVEN), (1, 0)).to(tl.int32)
+    else:
+        byte = _load(s_ptr + offs_n[:, None] * stride_sn + blk[None, :] * stride_sk,
+                     (offs_n < N)[:, None] & (blk < last)[None, :], EVEN).to(tl.int32)
     scale = scale_value(byte)
     if not EVEN:
         scale = tl.where((blk < last)[None, :], scale, 0.0)
@@ -296,19 +409,27 @@ def _rows(w_ptr, s_ptr, x_row_ptr, offs_n, N, K, first, last, blocks_per_split, 
           NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr,
           FAST: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
           HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
-          TO_VALUE: tl.constexpr):
+          TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
     """fp32 [BLOCK_N]: one activation row times the blocks first .. last - 1 of W's rows offs_n.
     Per-block sums are kept apart and added across blocks once, after the loop (no cross-thread
     reduction per step)."""
+    # fp4 words and fp8 bytes: see _block_major_codes (MXINT8, bound by its int-to-float
+    # conversions, measured no faster so on an H100)
+    BLOCK_MAJOR: tl.constexpr = FAST == 5 or (CPG == 1 and not IS_INT)
     acc = tl.zeros([BLOCK_N, NB], dtype=tl.float32)
     for i in range(0, blocks_per_split, NB):
         b0 = first + i
-        raw = _raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK, NB, CPG,
-                         EVEN, WORDS)
-        scale = _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB, EVEN)
+        if BLOCK_MAJOR:
+            raw = _block_major_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk,
+                                     BLOCK, NB, EVEN, FAST == 5)
+        else:
+            raw = _raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK, NB,
+                             CPG, EVEN, WORDS)
+        scale = _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB, EVEN,
+                              BLOCK_MAJOR)
         acc += scale * _rows_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, CPG,
                                      EVEN, WORDS, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
-                                     LSB, TO_VALUE)
+                                     LSB, TO_VALUE, INTERPRETER, BLOCK_MAJOR)
     return tl.sum(acc, axis=1)
 
 
@@ -394,7 +515,7 @@ def mx_weight_matmul_kernel(
         out = _rows(w_ptr, s_ptr, x_ptr + pid_m * stride_xm, offs_n, N, K, first, last,
                     blocks_per_split, stride_wn, stride_wk, stride_sn, stride_sk, stride_xk,
                     BLOCK, BLOCK_N, NB, CPG, EVEN, WORDS, FAST, IS_INT, BITS, MBITS, HAS_INF,
-                    HAS_NAN, LSB, TO_VALUE)
+                    HAS_NAN, LSB, TO_VALUE, INTERPRETER)
         rows = pid_m
         cols = offs_n
         mask = n_ok & (pid_m < M)
