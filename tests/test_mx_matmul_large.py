@@ -14,44 +14,19 @@ import torch.nn.functional as F
 from torchmx import MXTensor
 from torchmx.kernels import matmul as km
 
+from matmul_operands import (DEVICE, assert_within_fp32_accumulation, integer_operands,
+                             reference)
+
 CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 FORMATS = ["float8_e4m3", "float8_e5m2", "float6_e3m2", "float6_e2m3", "float4_e2m1", "int8"]
 # The smallest shape the defaults pipeline: 4 chunks of 1024 columns.
 M_GPU, N_GPU, K_GPU = km.PIPELINE_MIN_M, km.PIPELINE_N[0], km.PIPELINE_MIN_K
-
-
-def _integer_operands(fmt, M, N, K, seed=0):
-    """x: integers in [-4, 4]; W: integers in [-6, 6] quantized (multiples of 1/4 of magnitude
-    <= 16), so every partial sum is exact in fp32 and any summation order gives the same bits."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(-4, 5, (M, K), generator=g).to(torch.bfloat16)
-    w = torch.randint(-6, 7, (N, K), generator=g).to(torch.bfloat16)
-    return x.to(DEVICE), MXTensor.to_mx(w.to(DEVICE), fmt, 32)
-
-
-def _exact(x, w, bias=None):
-    """The exact product (fp32 sums of exact operands, exact here) rounded once to bf16."""
-    out = x.float() @ w.dequantize(torch.float32).t()
-    return (out if bias is None else out + bias.float()).to(torch.bfloat16)
 
 
 def _large(x, w, bias=None, out_dtype=torch.bfloat16):
     """The large-M path on the weight's parts, as `linear` calls it."""
     return km.dequantized_linear(x, w._scale_e8m0, w._data, w._elem_dtype, w._block_size,
                                  x.shape[-1], bias, out_dtype)
-
-
-def _within_fp32_accumulation(out, x, w, bias=None):
-    wd = w.dequantize(torch.float32).double()
-    exact = x.double() @ wd.t()
-    magnitude = x.double().abs() @ wd.abs().t()
-    if bias is not None:
-        exact, magnitude = exact + bias.double(), magnitude + bias.double().abs()
-    bound = magnitude * (x.shape[-1] + 2) * 2.0 ** -24 + exact.abs() * 2.0 ** -8
-    err = (out.double() - exact).abs()
-    assert not out.isnan().any()
-    assert (err <= bound).all(), f"max error {err.max().item():.3g}"
 
 
 @pytest.fixture
@@ -101,7 +76,7 @@ def test_chunk_bounds():
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_chunked_equals_unchunked(monkeypatch, small_thresholds, fmt):
     M, N, K = 70, 300, 96
-    x, w = _integer_operands(fmt, M, N, K)
+    x, w = integer_operands(fmt, M, N, K)
     chunked = _large(x, w)
     assert small_thresholds == [[0, 128, 256, 300]]
     monkeypatch.setattr(km, "PIPELINE_COLUMNS", N)  # one chunk: the unchunked path
@@ -109,7 +84,7 @@ def test_chunked_equals_unchunked(monkeypatch, small_thresholds, fmt):
     assert len(small_thresholds) == 1
     assert chunked.dtype == torch.bfloat16 and chunked.shape == (M, N)
     torch.testing.assert_close(chunked, whole, rtol=0, atol=0)
-    torch.testing.assert_close(chunked, _exact(x, w), rtol=0, atol=0)
+    torch.testing.assert_close(chunked, reference(x, w), rtol=0, atol=0)
 
 
 def test_chunked_random_within_fp32_accumulation(small_thresholds):
@@ -117,14 +92,14 @@ def test_chunked_random_within_fp32_accumulation(small_thresholds):
     w = MXTensor.to_mx(torch.randn(260, 128, device=DEVICE, dtype=torch.bfloat16),
                        "float4_e2m1", 32)
     x = torch.randn(80, 128, device=DEVICE, dtype=torch.bfloat16)
-    _within_fp32_accumulation(_large(x, w), x, w)
+    assert_within_fp32_accumulation(_large(x, w), x, w)
     assert small_thresholds == [[0, 128, 256, 260]]
 
 
 def test_unchunked_with_bias_other_dtypes_or_few_rows(small_thresholds):
-    x, w = _integer_operands("float8_e4m3", 70, 300, 64)
+    x, w = integer_operands("float8_e4m3", 70, 300, 64)
     bias = torch.randint(-8, 9, (300,)).to(torch.bfloat16).to(DEVICE)
-    torch.testing.assert_close(_large(x, w, bias), _exact(x, w, bias), rtol=0, atol=0)
+    torch.testing.assert_close(_large(x, w, bias), reference(x, w, bias), rtol=0, atol=0)
     out = _large(x, w, out_dtype=torch.float32)  # fp32 output: one rounding of the fp32 sums
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, x.float() @ w.dequantize(torch.float32).t(), rtol=0, atol=0)
@@ -144,18 +119,18 @@ gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_gpu_pipeline_exact_and_random(spy, fmt):
     """Through F.linear at the default thresholds: integer operands give the exact bits;
     random ones stay within fp32 accumulation of the exact product."""
-    x, w = _integer_operands(fmt, M_GPU, N_GPU, K_GPU)
-    torch.testing.assert_close(F.linear(x, w), _exact(x, w), rtol=0, atol=0)
+    x, w = integer_operands(fmt, M_GPU, N_GPU, K_GPU)
+    torch.testing.assert_close(F.linear(x, w), reference(x, w), rtol=0, atol=0)
     assert spy == [[0, 1024, 2048, 3072, 4096]]
     torch.manual_seed(1)
     w = MXTensor.to_mx(torch.randn(N_GPU, K_GPU, device="cuda", dtype=torch.bfloat16), fmt, 32)
     x = torch.randn(M_GPU, K_GPU, device="cuda", dtype=torch.bfloat16)
-    _within_fp32_accumulation(F.linear(x, w), x, w)
+    assert_within_fp32_accumulation(F.linear(x, w), x, w)
 
 
 @gpu
 def test_gpu_pipeline_mx_activations(spy):
-    x, w = _integer_operands("float4_e2m1", M_GPU, N_GPU, K_GPU)
+    x, w = integer_operands("float4_e2m1", M_GPU, N_GPU, K_GPU)
     x_mx = MXTensor.to_mx(x, "float8_e4m3", 32)
     expected = (x_mx.dequantize(torch.float32) @ w.dequantize(torch.float32).t()).to(torch.bfloat16)
     torch.testing.assert_close(F.linear(x_mx, w), expected, rtol=0, atol=0)
@@ -165,7 +140,7 @@ def test_gpu_pipeline_mx_activations(spy):
 @gpu
 def test_gpu_pipeline_cuda_graph_capture(spy):
     """Captured with its side stream, replayed on new inputs copied into the captured one."""
-    x, w = _integer_operands("float8_e4m3", M_GPU, N_GPU, K_GPU)
+    x, w = integer_operands("float8_e4m3", M_GPU, N_GPU, K_GPU)
     static_x = x.clone()
     F.linear(static_x, w)  # warm up (compiles the kernels) outside the capture
     torch.cuda.synchronize()
@@ -174,20 +149,20 @@ def test_gpu_pipeline_cuda_graph_capture(spy):
         out = F.linear(static_x, w)
     assert len(spy) == 2
     for seed in range(3):
-        new_x, _ = _integer_operands("float8_e4m3", M_GPU, N_GPU, K_GPU, seed=seed + 1)
+        new_x, _ = integer_operands("float8_e4m3", M_GPU, N_GPU, K_GPU, seed=seed + 1)
         static_x.copy_(new_x)
         graph.replay()
-        torch.testing.assert_close(out, _exact(new_x, w), rtol=0, atol=0)
+        torch.testing.assert_close(out, reference(new_x, w), rtol=0, atol=0)
 
 
 @gpu
 def test_gpu_pipeline_under_compile(spy):
-    x, w = _integer_operands("float6_e2m3", M_GPU, N_GPU, K_GPU)
+    x, w = integer_operands("float6_e2m3", M_GPU, N_GPU, K_GPU)
 
     def f(x):
         return F.linear(x, w) * 2
 
-    expected = _exact(x, w) * 2
+    expected = reference(x, w) * 2
     torch.testing.assert_close(torch.compile(f)(x), expected, rtol=0, atol=0)
     torch.testing.assert_close(torch.compile(f, mode="reduce-overhead")(x), expected,
                                rtol=0, atol=0)
@@ -200,9 +175,9 @@ def test_gpu_pipeline_repeated_calls_do_not_race(spy):
     overwritten by the next call's dequantize before its GEMM read it."""
     outs, expected = [], []
     for seed in range(4):
-        x, w = _integer_operands("float4_e2m1", M_GPU, N_GPU, K_GPU, seed=seed)
+        x, w = integer_operands("float4_e2m1", M_GPU, N_GPU, K_GPU, seed=seed)
         outs.append(F.linear(x, w))
-        expected.append(_exact(x, w))
+        expected.append(reference(x, w))
         del x, w
     torch.cuda.synchronize()
     assert len(spy) == 4

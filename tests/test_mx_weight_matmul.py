@@ -20,8 +20,10 @@ from torchmx.mx_tensor import MXLayoutWarning, reset_layout_warning
 from torchmx.kernels import matmul as km
 from torchmx.mx_ops import weight_matmul
 
+from matmul_operands import (DEVICE, assert_within_fp32_accumulation, integer_operands,
+                             reference)
+
 CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 FORMATS = ["float8_e4m3", "float8_e5m2", "float6_e3m2", "float6_e2m3", "float4_e2m1", "int8"]
 VARIANTS = {  # small tiles, K split, several blocks per step: every code path of the kernel
     "rows": km.Config(km.ROWS, 16, 2, 2),
@@ -48,7 +50,7 @@ def test_config_rejects_impossible_launches(fields, match):
 
 
 def test_scaled_dots_refuse_fp16():
-    x, w = _integer_operands("float4_e2m1", 2, 8, 64, torch.float16)
+    x, w = integer_operands("float4_e2m1", 2, 8, 64, torch.float16)
     with pytest.raises(ValueError, match="bf16"):
         _fused(x, w, None, VARIANTS["scaled_dots"])
 
@@ -57,36 +59,6 @@ def test_scaled_dots_refuse_fp16():
 def kernels_on_cpu(monkeypatch):
     """Route MXTensor matmuls on CPU through the kernels too (Triton's interpreter)."""
     monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
-
-
-def _integer_operands(fmt, M, N, K, dtype, block_size=32, seed=0):
-    """x: integers in [-4, 4]; W: integers in [-6, 6] quantized (values are multiples of 1/4
-    of magnitude <= 16), so every partial sum is a multiple of 1/4 below 2**24 / 4: exact."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(-4, 5, (M, K), generator=g).to(dtype)
-    w = torch.randint(-6, 7, (N, K), generator=g).to(dtype)
-    return x.to(DEVICE), MXTensor.to_mx(w.to(DEVICE), fmt, block_size)
-
-
-def _reference(x, w, bias=None):
-    """The generic exact path: fp32 dequantize, fp32 matmul, one rounding."""
-    out = x.float() @ w.dequantize(torch.float32).t()
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(x.dtype)
-
-
-def _within_fp32_accumulation(out, x, w, bias=None):
-    wd = w.dequantize(torch.float32).double()
-    exact = x.double() @ wd.t()
-    magnitude = x.double().abs() @ wd.abs().t()
-    if bias is not None:
-        exact, magnitude = exact + bias.double(), magnitude + bias.double().abs()
-    ulp = 2.0 ** -8 if out.dtype == torch.bfloat16 else 2.0 ** -11
-    bound = magnitude * (x.shape[-1] + 2) * 2.0 ** -24 + exact.abs() * ulp
-    err = (out.double() - exact).abs()
-    assert not out.isnan().any()
-    assert (err <= bound).all(), f"max error {err.max().item():.3g}"
 
 
 def _fused(x, w, bias, config):
@@ -98,11 +70,11 @@ def _fused(x, w, bias, config):
 @pytest.mark.parametrize("variant,dtype", VARIANT_DTYPES)
 @pytest.mark.parametrize("M,N,K", [(1, 20, 96), (3, 17, 200), (18, 40, 70), (2, 32, 256)])
 def test_fused_kernel_is_exact_on_exact_sums(fmt, variant, dtype, M, N, K):
-    x, w = _integer_operands(fmt, M, N, K, dtype)
+    x, w = integer_operands(fmt, M, N, K, dtype)
     bias = torch.randint(-8, 9, (N,)).to(dtype).to(DEVICE)
     out = _fused(x, w, bias, VARIANTS[variant])
     assert out.dtype == dtype and out.shape == (M, N)
-    torch.testing.assert_close(out, _reference(x, w, bias), rtol=0, atol=0)
+    torch.testing.assert_close(out, reference(x, w, bias), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fmt,fast", [("float4_e2m1", 4), ("float8_e4m3", 1),
@@ -112,8 +84,8 @@ def test_hardware_decodes_are_exact(monkeypatch, fmt, fast, variant, dtype):
     """The GPU's decode shortcuts (fp8 conversions, fp4 through fp16 bits), forced on here so
     that the interpreter runs them too (fp4 words, FAST 5: test_fp4_rows_read_whole_words)."""
     monkeypatch.setattr(km, "_fast_decode", lambda fmt, device, *variant_and_words: fast)
-    x, w = _integer_operands(fmt, 3, 20, 160, dtype)
-    torch.testing.assert_close(_fused(x, w, None, VARIANTS[variant]), _reference(x, w),
+    x, w = integer_operands(fmt, 3, 20, 160, dtype)
+    torch.testing.assert_close(_fused(x, w, None, VARIANTS[variant]), reference(x, w),
                                rtol=0, atol=0)
 
 
@@ -133,10 +105,10 @@ def test_fp4_rows_read_whole_words(monkeypatch, config, block_size, dtype, M, N,
     time (FAST 5: inline PTX on the GPU; under the interpreter, where it is forced on here, the
     same steps in Triton), laid out block-major (see matmul_kernels._block_major_codes)."""
     monkeypatch.setattr(km, "_fast_decode", lambda fmt, device, *variant_and_words: 5)
-    x, w = _integer_operands("float4_e2m1", M, N, K, dtype, block_size=block_size)
+    x, w = integer_operands("float4_e2m1", M, N, K, dtype, block_size=block_size)
     assert km._read_words(w.elem_dtype, w._data, K, config.variant, 5)
     bias = torch.randint(-8, 9, (N,)).to(dtype).to(DEVICE)
-    torch.testing.assert_close(_fused(x, w, bias, config), _reference(x, w, bias), rtol=0,
+    torch.testing.assert_close(_fused(x, w, bias, config), reference(x, w, bias), rtol=0,
                                atol=0)
 
 
@@ -145,7 +117,7 @@ def test_fp4_rows_words_special_scales(monkeypatch, config):
     """The fp4 word path: a NaN scale byte makes its row NaN, 2**127 overflows to Inf, 2**-127
     is exact; the other rows are untouched."""
     monkeypatch.setattr(km, "_fast_decode", lambda fmt, device, *variant_and_words: 5)
-    x, w = _integer_operands("float4_e2m1", 1, 16, 256, torch.bfloat16)
+    x, w = integer_operands("float4_e2m1", 1, 16, 256, torch.bfloat16)
     x = x.abs() + 1
     scale, data = w._scale_e8m0.clone(), w._data.clone()
     scale[0, 5] = 255  # NaN
@@ -155,7 +127,7 @@ def test_fp4_rows_words_special_scales(monkeypatch, config):
     w = w._replace(scale, data)
     out = _fused(x, w, None, config).float()
     assert out[0, 0].isnan() and out[0, 1] == float("inf")
-    torch.testing.assert_close(out[:, 2:], _reference(x, w).float()[:, 2:], rtol=0, atol=0)
+    torch.testing.assert_close(out[:, 2:], reference(x, w).float()[:, 2:], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fmt", ["float6_e2m3", "float6_e3m2"])
@@ -165,10 +137,10 @@ def test_fp4_rows_words_special_scales(monkeypatch, config):
 def test_fp6_rows_read_whole_words_or_bytes(fmt, K, words, config, block_size):
     """fp6 rows of whole 4-byte words (K a multiple of 16) are read as 32-bit words, three per
     sixteen codes, codes straddling words included; other rows byte by byte."""
-    x, w = _integer_operands(fmt, 1, 24, K, torch.bfloat16, block_size=block_size)
+    x, w = integer_operands(fmt, 1, 24, K, torch.bfloat16, block_size=block_size)
     assert km._read_words(w.elem_dtype, w._data, K, config.variant, 0) == words
     bias = torch.randint(-8, 9, (24,)).to(torch.bfloat16).to(DEVICE)
-    torch.testing.assert_close(_fused(x, w, bias, config), _reference(x, w, bias), rtol=0,
+    torch.testing.assert_close(_fused(x, w, bias, config), reference(x, w, bias), rtol=0,
                                atol=0)
 
 
@@ -181,7 +153,7 @@ def test_fused_kernel_random_within_fp32_accumulation(fmt, variant, block_size):
     x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
     w = MXTensor.to_mx(torch.randn(N, K, device=DEVICE) * 4, fmt, block_size)
     bias = torch.randn(N, dtype=torch.bfloat16, device=DEVICE)
-    _within_fp32_accumulation(_fused(x, w, bias, VARIANTS[variant]), x, w, bias)
+    assert_within_fp32_accumulation(_fused(x, w, bias, VARIANTS[variant]), x, w, bias)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -200,7 +172,7 @@ def test_fused_kernel_special_values(variant):
     out = _fused(x, w, None, VARIANTS[variant]).float()
     assert out[:, 0].isnan().all() and out[:, 1].isnan().all()
     assert (out[:, 2] == float("inf")).all()
-    ref = _reference(x, w).float()
+    ref = reference(x, w).float()
     torch.testing.assert_close(out[:, 3:], ref[:, 3:], rtol=0, atol=0)
 
 
@@ -212,10 +184,10 @@ def test_fused_kernel_empty_and_strided(variant):
     # x with a huge row stride and a non-unit column stride
     big = torch.randn(3, 2, 1000, dtype=torch.bfloat16, device=DEVICE)
     x = big[:, 0, 100:228:2]
-    x_exact, w_exact = _integer_operands("float4_e2m1", 3, 8, 64, torch.bfloat16)
+    x_exact, w_exact = integer_operands("float4_e2m1", 3, 8, 64, torch.bfloat16)
     x = x.copy_(x_exact)
     torch.testing.assert_close(_fused(x, w_exact, None, VARIANTS[variant]),
-                               _reference(x_exact, w_exact), rtol=0, atol=0)
+                               reference(x_exact, w_exact), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fmt", ["float6_e2m3", "float4_e2m1", "float8_e5m2"])
@@ -224,14 +196,14 @@ def test_fused_kernel_empty_and_strided(variant):
 def test_dequantized_path(fmt, dtype, M):
     """The large-M (and fp6) path: bf16 dequantized weight, fp32 accumulation, one rounding;
     fp16 activations as two exact bf16 parts."""
-    x, w = _integer_operands(fmt, M, 24, 96, dtype)
+    x, w = integer_operands(fmt, M, 24, 96, dtype)
     bias = torch.randint(-8, 9, (24,)).to(dtype).to(DEVICE)
     out = km.dequantized_linear(x, w._scale_e8m0, w._data, w.elem_dtype, 32, 96, bias, dtype)
-    torch.testing.assert_close(out, _reference(x, w, bias), rtol=0, atol=0)
+    torch.testing.assert_close(out, reference(x, w, bias), rtol=0, atol=0)
     torch.manual_seed(M)
     x = torch.randn(M, 96, dtype=dtype, device=DEVICE)
     out = km.dequantized_linear(x, w._scale_e8m0, w._data, w.elem_dtype, 32, 96, bias, dtype)
-    _within_fp32_accumulation(out, x, w, bias)
+    assert_within_fp32_accumulation(out, x, w, bias)
 
 
 def test_weights_past_32_bit_offsets_take_the_dequantize_path():
@@ -272,9 +244,9 @@ def _count_kernel_calls(monkeypatch):
 @pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e4m3", "float6_e2m3"])
 def test_dispatch_linear_matmul_mm_addmm(kernels_on_cpu, monkeypatch, fmt):
     calls = _count_kernel_calls(monkeypatch)
-    x, w = _integer_operands(fmt, 6, 24, 96, torch.bfloat16)
+    x, w = integer_operands(fmt, 6, 24, 96, torch.bfloat16)
     bias = torch.randint(-3, 4, (24,)).to(torch.bfloat16).to(DEVICE)
-    with_bias, without = _reference(x, w, bias), _reference(x, w)
+    with_bias, without = reference(x, w, bias), reference(x, w)
     x3 = x.reshape(2, 3, 96)
     results = {
         "F.linear": (F.linear(x, w, bias), with_bias),
@@ -291,9 +263,9 @@ def test_dispatch_linear_matmul_mm_addmm(kernels_on_cpu, monkeypatch, fmt):
 
 def test_dispatch_mx_activations(kernels_on_cpu, monkeypatch):
     calls = _count_kernel_calls(monkeypatch)
-    x, w = _integer_operands("float8_e4m3", 4, 16, 64, torch.bfloat16)
+    x, w = integer_operands("float8_e4m3", 4, 16, 64, torch.bfloat16)
     x_mx = MXTensor.to_mx(x, "float8_e4m3", 32)
-    torch.testing.assert_close(F.linear(x_mx, w), _reference(x, w), rtol=0, atol=0)
+    torch.testing.assert_close(F.linear(x_mx, w), reference(x, w), rtol=0, atol=0)
     assert len(calls) == 1
 
 
@@ -331,8 +303,8 @@ def test_dispatch_falls_back_to_the_exact_path(kernels_on_cpu, monkeypatch, case
 def test_reference_backend_env_disables_the_kernels(kernels_on_cpu, monkeypatch):
     monkeypatch.setenv("TORCHMX_BACKEND", "reference")
     calls = _count_kernel_calls(monkeypatch)
-    x, w = _integer_operands("float4_e2m1", 2, 8, 64, torch.bfloat16)
-    torch.testing.assert_close(F.linear(x, w), _reference(x, w), rtol=0, atol=0)
+    x, w = integer_operands("float4_e2m1", 2, 8, 64, torch.bfloat16)
+    torch.testing.assert_close(F.linear(x, w), reference(x, w), rtol=0, atol=0)
     assert calls == []
 
 
@@ -344,7 +316,7 @@ def test_op_reference_implementation_matches_the_generic_path():
     bias = torch.randn(24, dtype=torch.bfloat16)
     out = torch.ops.torchmx.mx_weight_linear(x, w._scale_e8m0, w._data, "float6_e3m2", 32, 80,
                                              bias, torch.bfloat16)
-    torch.testing.assert_close(out, _reference(x, w, bias), rtol=0, atol=0)
+    torch.testing.assert_close(out, reference(x, w, bias), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("case,error,named", [
@@ -401,9 +373,9 @@ def test_gpu_both_paths_real_sizes(fmt, dtype, M):
     w = MXTensor.to_mx(torch.randn(N, K, device="cuda", dtype=dtype), fmt, 32)
     x = torch.randn(M, K, dtype=dtype, device="cuda")
     bias = torch.randn(N, dtype=dtype, device="cuda")
-    _within_fp32_accumulation(F.linear(x, w, bias), x, w, bias)
-    xi, wi = _integer_operands(fmt, M, N, 1024, dtype)
-    torch.testing.assert_close(F.linear(xi, wi), _reference(xi, wi), rtol=0, atol=0)
+    assert_within_fp32_accumulation(F.linear(x, w, bias), x, w, bias)
+    xi, wi = integer_operands(fmt, M, N, 1024, dtype)
+    torch.testing.assert_close(F.linear(xi, wi), reference(xi, wi), rtol=0, atol=0)
 
 
 @gpu

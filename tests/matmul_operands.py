@@ -1,0 +1,40 @@
+"""Operands and checks shared by the MX matmul tests (test_mx_weight_matmul.py,
+test_mx_matmul_large.py)."""
+
+import torch
+
+from torchmx import MXTensor
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def integer_operands(fmt, M, N, K, dtype=torch.bfloat16, block_size=32, seed=0):
+    """x: integers in [-4, 4]; W: integers in [-6, 6] quantized (values are multiples of 1/4
+    of magnitude <= 16), so every partial sum is a multiple of 1/4 below 2**24 / 4: exact, and
+    any fp32 summation order gives the same bits."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-4, 5, (M, K), generator=g).to(dtype)
+    w = torch.randint(-6, 7, (N, K), generator=g).to(dtype)
+    return x.to(DEVICE), MXTensor.to_mx(w.to(DEVICE), fmt, block_size)
+
+
+def reference(x, w, bias=None):
+    """The generic exact path: fp32 dequantize, fp32 matmul, one rounding."""
+    out = x.float() @ w.dequantize(torch.float32).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+def assert_within_fp32_accumulation(out, x, w, bias=None):
+    """`out` within the error of an fp32 accumulation plus one rounding of the exact product."""
+    wd = w.dequantize(torch.float32).double()
+    exact = x.double() @ wd.t()
+    magnitude = x.double().abs() @ wd.abs().t()
+    if bias is not None:
+        exact, magnitude = exact + bias.double(), magnitude + bias.double().abs()
+    ulp = 2.0 ** -8 if out.dtype == torch.bfloat16 else 2.0 ** -11
+    bound = magnitude * (x.shape[-1] + 2) * 2.0 ** -24 + exact.abs() * ulp
+    err = (out.double() - exact).abs()
+    assert not out.isnan().any()
+    assert (err <= bound).all(), f"max error {err.max().item():.3g}"
