@@ -12,7 +12,9 @@ rounded once). Times are medians over CUDA-graph replays of R calls on R differe
 copies, so the weights come from device memory, not from L2 (an fp4 8192 x 8192 weight is
 34 MB; the L2 holds 50-60 MB).
 
-Columns: "ours" (torchmx: the fused kernel for M <= SMALL_M, dequantize + cuBLAS above),
+Columns: "ours" (torchmx: the fused kernel for M <= SMALL_M, dequantize + cuBLAS above; the row
+"float4_e2m1 prepacked" is MXInferenceLinear.prepack()'s op, torchmx.mx_fp4_fragment_linear,
+which runs the fragment-layout kernel for 2..64 rows on sm_90),
 "cuBLAS bf16" (F.linear on the unquantized bf16 weight), "compiled deq+mm" (torch.compile of
 the reference dequantize followed by the matmul), "old path" (torchmx 0.2's first version:
 exact fp32 dequantize, fp32 matmul), "read-only" (a Triton kernel that only reads the same
@@ -37,7 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
-from torchmx.kernels import matmul as km  # noqa: E402
+from torchmx.kernels import fragment_layout, fragment_matmul as fm, matmul as km  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
 
@@ -91,6 +93,30 @@ def check_all(device_name):
                 check(x @ w.t(), x, w, None, f"{fmt.name} {M}x{N}x{K} {dtype} matmul")
     print(f"check: every format, both paths, bf16 and fp16 match the exact product "
           f"({device_name})")
+    for M, N, K, spread in [(2, 64, 64, 1), (16, 192, 640, 1), (33, 128, 4096, 1),
+                            (64, 8192, 1024, 1), (16, 8192, 8192, 1), (5, 256, 512, 2.0 ** 20)]:
+        w = MXTensor.to_mx(torch.randn(N, K, device="cuda") * spread, dtypes.float4_e2m1, 32)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        parts = prepacked_parts(w)
+        out = prepacked_linear(x, w, parts, b)
+        check(out, x, w, b, f"prepacked {M}x{N}x{K} fold={parts[3]}")
+        for _ in range(3):  # the split-K reduction is deterministic
+            assert torch.equal(prepacked_linear(x, w, parts, b), out)
+    print(f"check: prepacked fp4 (fragment kernel) matches the exact product, fold and two-"
+          f"multiply scales, repeat calls bit-identical ({device_name})")
+
+
+def prepacked_parts(w):
+    """The fragment layout's parts of an MXFP4 weight, as MXInferenceLinear.prepack() makes."""
+    codes, scales = fragment_layout.preshuffle(w._scale_e8m0, w._data)
+    counters = torch.zeros(w.shape[0] // 64, dtype=torch.int32, device=w.device)
+    return codes, scales, counters, fragment_layout.fold_scales(w._scale_e8m0)
+
+
+def prepacked_linear(x, w, parts, bias=None):
+    return torch.ops.torchmx.mx_fp4_fragment_linear(x, *parts, w._scale_e8m0, w._data,
+                                                    w.shape[1], bias, x.dtype)
 
 
 def configs_to_sweep(M):
@@ -131,6 +157,36 @@ def sweep(fmts, Ms, N, K):
                 tag = "  (default)" if cfg == default else ""
                 print(f"sweep {fmt.name:12s} M={M:3d} {t:7.1f} us  {cfg}{tag}")
     return results
+
+
+def fragment_configs(M):
+    """Tiles of the fragment kernel worth timing for M activation rows (FragmentConfig)."""
+    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    tiles = [(1, 2, 6, 4), (1, 2, 8, 4), (1, 2, 12, 4), (1, 4, 8, 4), (2, 2, 4, 4), (2, 2, 6, 4),
+             (2, 2, 8, 4), (2, 2, 4, 8), (2, 2, 8, 8), (4, 2, 4, 8)]
+    return [fm.FragmentConfig(block_m, v, u, split, warps, stages)
+            for (v, u, split, warps), stages in itertools.product(tiles, (2, 3))]
+
+
+def fragment_sweep(Ms, N, K):
+    ws = make_weights(dtypes.float4_e2m1, N, K, ROTATE)
+    parts = [prepacked_parts(w) for w in ws]
+    for M in Ms:
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        default = fm.default_config(M, N, K, x.device)
+        rows = []
+        for cfg in fragment_configs(M) + [default]:
+            calls = [lambda p=p, cfg=cfg: fm.fragment_linear(x, p[0], p[1], p[2], N, p[3], None,
+                                                             cfg) for p in parts]
+            try:
+                check(calls[0](), x, ws[0])
+                rows.append((graph_time_us(calls, repeats=10), cfg))
+            except Exception as e:  # a config that does not compile or is wrong
+                print(f"  fragment M={M} {cfg}: {type(e).__name__}: {str(e)[:120]}")
+        rows.sort(key=lambda r: r[0])
+        for t, cfg in rows[:6] + [r for r in rows if r[1] == default][:1]:
+            tag = "  (default)" if cfg == default else ""
+            print(f"sweep fragment     M={M:3d} {t:7.1f} us  {cfg}{tag}")
 
 
 torch._dynamo.config.recompile_limit = 64  # one compiled graph per (format, M)
@@ -192,7 +248,7 @@ def read_floor_us(ws):
 def table(N, K, Ms, fmts):
     print(f"\nMX-weight linear, N = K = {N}: microseconds per call (CUDA-graph replays, "
           f"{ROTATE} weight copies); ratios = baseline time / ours")
-    print(f"{'format':12s} {'M':>5s} {'ours':>9s} {'cuBLAS bf16':>12s} {'compiled deq+mm':>16s} "
+    print(f"{'format':21s} {'M':>5s} {'ours':>9s} {'cuBLAS bf16':>12s} {'compiled deq+mm':>16s} "
           f"{'old path':>9s} {'weight TB/s':>12s} {'read-only':>10s}")
     dense = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(ROTATE)]
     for fmt in fmts:
@@ -212,11 +268,18 @@ def table(N, K, Ms, fmts):
                 compiled = None
             old = graph_time_us([lambda w=w: old_path(x, w) for w in ws[:2]], repeats=5) \
                 if M <= 16 else None
-            tbs = weight_bytes / ours / 1e6
-            print(f"{fmt.name:12s} {M:5d} {ours:9.1f} {cublas:9.1f} ({ratio(ours, cublas)}) "
-                  f"{(compiled or 0):9.1f} ({ratio(ours, compiled)}) "
-                  f"{(old or 0):7.1f} ({ratio(ours, old)}) {tbs:8.2f} "
-                  + (f"{floor:10.1f}" if floor < float("inf") else f"{'-':>10}"))
+            rows = [(fmt.name, ours)]
+            if fmt == dtypes.float4_e2m1 and M <= 64:
+                parts = [prepacked_parts(w) for w in ws]
+                rows.append((f"{fmt.name} prepacked", graph_time_us(
+                    [lambda w=w, p=p: prepacked_linear(x, w, p) for w, p in zip(ws, parts)])))
+                del parts
+            for label, t in rows:
+                tbs = weight_bytes / t / 1e6
+                print(f"{label:21s} {M:5d} {t:9.1f} {cublas:9.1f} ({ratio(t, cublas)}) "
+                      f"{(compiled or 0):9.1f} ({ratio(t, compiled)}) "
+                      f"{(old or 0):7.1f} ({ratio(t, old)}) {tbs:8.2f} "
+                      + (f"{floor:10.1f}" if floor < float("inf") else f"{'-':>10}"))
 
 
 def large_m(N, K, M, fmts, rounds=21):
@@ -271,6 +334,8 @@ def main():
         Ms = [int(m) for m in (args.m or "1,16").split(",")]
         sweep([f for f in fmts if f in (dtypes.float4_e2m1, dtypes.float8_e4m3)], Ms, N, K)
         sweep([f for f in fmts if f == dtypes.float6_e2m3], [1], N, K)
+        if dtypes.float4_e2m1 in fmts:
+            fragment_sweep([int(m) for m in (args.m or "1,16,32,64").split(",")], N, K)
         return
     table(N, K, [int(m) for m in (args.m or "1,16,32,64,128").split(",")], fmts)
     large_m(N, K, 8192, large, args.rounds)

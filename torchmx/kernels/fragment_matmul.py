@@ -1,0 +1,328 @@
+"""x [M, K] bf16 @ W.T for an MXFP4 weight W [N, K] in the fragment layout, on Hopper (sm_90).
+
+The weight comes from `fragment_layout.preshuffle`: each thread's 16 bytes per 64 x 64 chunk of
+W are the codes of its wgmma A-operand registers, so the kernel loads them straight into
+registers, decodes 8 codes with 4 rotates, 5 logic ops and 4 bf16x2 multiplies (the multiply
+applies the block scale: exact, see fragment_layout), and feeds wgmma with no shared-memory
+staging of W. It computes out^T = W x^T ("swap AB": the activation rows, at most 64, are wgmma's
+N dimension, and x^T goes through shared memory). Products are exact (bf16 x bf16), sums are
+fp32, and the result (plus bias, in fp32) is rounded once: the contract of kernels/matmul.py.
+
+K is split across SPLIT programs per tile of 64 V rows. Each writes its fp32 partial; the last to
+arrive (an atomic counter per tile, which it resets to 0 for the next call) adds the partials in
+a fixed order and rounds once, so results do not depend on arrival order. The counters make a
+call non-reentrant for one weight: two calls on one weight must not run concurrently on
+different streams.
+
+Triton details that keep W in registers (the ttgir has no convert_layout for it):
+- W is loaded as [4 (warp), V, U, 128 (lane, word)] int32: Triton's default layout for that
+  shape (16 bytes a thread, lanes along the last dim, warps along dim 0) is, after the reshape
+  in `_decode_tile`, exactly the dot-operand layout.
+- The decode is inline PTX on one int32 word returning 8 bf16 halves (pack=1): packing several
+  words per call would group registers in whatever order layout propagation chose.
+- W is loaded through inline PTX (`ld.global.nc`), out of reach of Triton's software pipeliner,
+  which would otherwise stage it through shared memory with cp.async; the next step's words
+  are loaded before this step's decode instead.
+Under Triton's interpreter (CPU tests) the loads are plain and `_decode_reference` decodes the
+same bit program with fp32 arithmetic.
+"""
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._tl_numerics import to_output
+from .fragment_layout import CHUNK
+
+__all__ = ["FragmentConfig", "default_config", "fragment_linear", "usable_on"]
+
+_DECODE = """{
+.reg .b32 t4, t6, t10, t14, p0, p1, p2, p3;
+shf.l.wrap.b32 t4, $8, $8, 4;
+shf.l.wrap.b32 t10, $8, $8, 10;
+shf.l.wrap.b32 t6, $8, $8, 6;
+shf.l.wrap.b32 t14, $8, $8, 14;
+and.b32 p0, $8, 0x81C081C0;
+and.b32 p1, t4, 0x81C081C0;
+and.b32 p2, t10, 0x81C081C0;
+and.b32 t6, t6, 0x80C080C0;
+and.b32 t14, t14, 0x01000100;
+or.b32 p3, t6, t14;
+"""
+# $9: the bf16x2 multiplier of the word's block (`_multiplier`).
+_ONE_MULTIPLY = "".join(f"mul.rn.bf16x2 p{j}, p{j}, $9;\n" for j in range(4))
+_TWO_MULTIPLIES = ".reg .b32 c126;\nmov.b32 c126, 0x7E807E80;\n" + "".join(  # 2**126, 2**126
+    f"mul.rn.bf16x2 p{j}, p{j}, c126;\nmul.rn.bf16x2 p{j}, p{j}, $9;\n" for j in range(4))
+_SPLIT_HALVES = "".join(f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, p{j};\n" for j in range(4)) + "}"
+DECODE_FOLDED = tl.constexpr(_DECODE + _ONE_MULTIPLY + _SPLIT_HALVES)
+DECODE_TWO_MULTIPLIES = tl.constexpr(_DECODE + _TWO_MULTIPLIES + _SPLIT_HALVES)
+_DECODE_CONSTRAINTS = tl.constexpr("=h,=h,=h,=h,=h,=h,=h,=h,r,r")
+_LOAD_128 = tl.constexpr("ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];")
+_LOAD_32 = tl.constexpr("ld.global.nc.L1::no_allocate.u32 $0, [$1];")
+
+
+@triton.jit
+def _multiplier(s, FOLD: tl.constexpr):
+    """bf16x2 bits (int32) of the block multiplier of scale bytes s: FOLD, 2**(s - 1) (the
+    decode's 2**-126 folded in; s <= 128); else 2**(s - 127), after a first multiply by
+    2**126 (s = 0: the subnormal 2**-127; s = 255: NaN)."""
+    if FOLD:
+        m = s * 0x00800080 + 0x3F003F00
+    else:
+        m = tl.where(s == 0, 0x00400040, s * 0x00800080)
+        m = tl.where(s == 255, 0x7FC07FC0, m)
+    return m
+
+
+@triton.jit
+def _rotl(w, r: tl.constexpr):
+    if r == 0:
+        return w
+    else:
+        return ((w << r) | (w >> (32 - r))) & 0xFFFFFFFF
+
+
+@triton.jit
+def _half_value(bits, scale):
+    """A code placed as bf16 bits (sign 15, e1 e0 at 8..7, m at 6; int64) times `scale`, in
+    fp32 (exact). Rebuilt from the fields: the interpreter flushes bf16 subnormals."""
+    e = (bits >> 7) & 3
+    m = ((bits >> 6) & 1).to(tl.float32)
+    magnitude = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * tl.exp2((e - 1).to(tl.float32)))
+    return tl.where(((bits >> 15) & 1) == 1, -magnitude, magnitude) * scale
+
+
+@triton.jit
+def _decode_reference(word, s):
+    """The interpreter's decode: the bit program of fragment_layout.PAIR_DECODE on int64 words
+    and scale bytes s, giving the 8 values (fp32) in the order of `_decode_asm`."""
+    p0 = word & 0x81C081C0
+    p1 = _rotl(word, 4) & 0x81C081C0
+    p2 = _rotl(word, 10) & 0x81C081C0
+    p3 = (_rotl(word, 6) & 0x80C080C0) | (_rotl(word, 14) & 0x01000100)
+    scale = tl.where(s == 255, float("nan"), tl.exp2((s - 127).to(tl.float32)))
+    return (_half_value(p0 & 0xFFFF, scale), _half_value((p0 >> 16) & 0xFFFF, scale),
+            _half_value(p1 & 0xFFFF, scale), _half_value((p1 >> 16) & 0xFFFF, scale),
+            _half_value(p2 & 0xFFFF, scale), _half_value((p2 >> 16) & 0xFFFF, scale),
+            _half_value(p3 & 0xFFFF, scale), _half_value((p3 >> 16) & 0xFFFF, scale))
+
+
+@triton.jit
+def _decode_asm(word, multiplier, FOLD: tl.constexpr):
+    """int32 words and their multipliers -> 8 bf16 tensors: value 2 j + b0 is pair j, half b0."""
+    if FOLD:
+        return tl.inline_asm_elementwise(DECODE_FOLDED, _DECODE_CONSTRAINTS, [word, multiplier],
+                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise(DECODE_TWO_MULTIPLIES, _DECODE_CONSTRAINTS,
+                                         [word, multiplier], dtype=(tl.bfloat16,) * 8,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _pointers(codes_ptr, scales_ptr, nb, kb, KB, V: tl.constexpr, U: tl.constexpr):
+    """int32 pointers to the code words [4 (warp), V, U, 128 (lane, word)] and the scale words
+    [4, V, U, 32 (lane)] of W's chunks (nb .. nb + V) x (kb .. kb + U); a lane's scale word
+    holds the bytes of its 4 code words."""
+    iw = tl.arange(0, 4)[:, None, None, None]
+    iv = tl.arange(0, V)[None, :, None, None]
+    iu = tl.arange(0, U)[None, None, :, None]
+    chunk = ((nb + iv) * KB + kb + iu) * 4 + iw
+    words = codes_ptr.to(tl.pointer_type(tl.int32)) + chunk * 128 + tl.arange(0, 128)
+    scale_words = scales_ptr.to(tl.pointer_type(tl.int32)) + chunk * 8 + tl.arange(0, 32) // 4
+    return words, scale_words
+
+
+@triton.jit
+def _load(words_ptr, scale_words_ptr, INTERPRETER: tl.constexpr):
+    if INTERPRETER:
+        return tl.load(words_ptr), tl.load(scale_words_ptr)
+    else:
+        words = tl.inline_asm_elementwise(_LOAD_128, "=r,=r,=r,=r,l,l,l,l", [words_ptr],
+                                          dtype=tl.int32, is_pure=False, pack=4)
+        scale_words = tl.inline_asm_elementwise(_LOAD_32, "=r,l", [scale_words_ptr],
+                                                dtype=tl.int32, is_pure=False, pack=1)
+        return words, scale_words
+
+
+@triton.jit
+def _decode_tile(words, scale_words, V: tl.constexpr, U: tl.constexpr, FOLD: tl.constexpr,
+                 INTERPRETER: tl.constexpr):
+    """W's tile [64 V, 64 U] from the loaded words: bf16 (fp32 in the interpreter)."""
+    words = words.reshape(4, V, U, 32, 4)  # warp, V, U, lane, word q
+    q = tl.arange(0, 4)[None, None, None, None, :]
+    s = (scale_words[:, :, :, :, None] >> (8 * q)) & 0xFF
+    if INTERPRETER:
+        v = _decode_reference(words.to(tl.int64) & 0xFFFFFFFF, s)
+    else:
+        v = _decode_asm(words, _multiplier(s, FOLD), FOLD)
+    # v[2 j + b0], pair j = 2 o + b1
+    tile = tl.join(tl.join(tl.join(v[0], v[1]), tl.join(v[2], v[3])),
+                   tl.join(tl.join(v[4], v[5]), tl.join(v[6], v[7])))
+    tile = tile.reshape(4, V, U, 8, 4, 2, 2, 2, 2, 2)  # w V U g t blk a | b0 b1 o
+    tile = tl.permute(tile, [1, 0, 6, 3, 2, 5, 9, 8, 4, 7])  # rows (V w a g), cols (U blk o b1 t b0)
+    return tile.reshape(64 * V, 64 * U)
+
+
+@triton.jit
+def fp4_fragment_matmul_kernel(
+    x_ptr, codes_ptr, scales_ptr, bias_ptr, out_ptr, partials_ptr, counters_ptr,
+    M, N, K, steps, stride_xm, stride_om,
+    BLOCK_M: tl.constexpr, V: tl.constexpr, U: tl.constexpr, SPLIT: tl.constexpr,
+    FOLD: tl.constexpr, HAS_BIAS: tl.constexpr, NONEMPTY: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
+    """Program (tile of 64 V rows of W, part of K): out[m, n] for all m < M <= BLOCK_M. N is a
+    multiple of 64 V, K of 64 U; the `steps` = K / (64 U) steps are shared out over the SPLIT
+    programs of a tile as evenly as they go (SPLIT <= steps)."""
+    BLOCK_N: tl.constexpr = 64 * V
+    BLOCK_K: tl.constexpr = 64 * U
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    first = pid_k * steps // SPLIT
+    count = (pid_k + 1) * steps // SPLIT - first
+    if NONEMPTY:
+        # Without it the loop's zero-trip path makes ptxas serialize the wgmmas of a V = 1 tile
+        # (a wait after each); with it they overlap the next decode, at more registers.
+        tl.assume(count > 0)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    offs_k = first * BLOCK_K + tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    words_ptr, scale_words_ptr = _pointers(codes_ptr, scales_ptr, pid_n * V, first * U, K // 64,
+                                           V, U)
+    words, scale_words = _load(words_ptr, scale_words_ptr, INTERPRETER)
+    for _ in range(count):
+        # the next step's words (past this program's range at its last step: the storage is
+        # padded for it), in flight during this step's decode and dot
+        words_ptr += U * 512
+        scale_words_ptr += U * 32
+        next_words, next_scale_words = _load(words_ptr, scale_words_ptr, INTERPRETER)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None],
+                    other=0.0)
+        w = _decode_tile(words, scale_words, V, U, FOLD, INTERPRETER)
+        if INTERPRETER:
+            acc += tl.dot(w, tl.trans(x).to(tl.float32), input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(x), acc)
+        offs_k += BLOCK_K
+        words, scale_words = next_words, next_scale_words
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = offs_m[None, :]
+    cols = offs_n[:, None]
+    mask = (rows < M) & (cols < N)
+    if SPLIT > 1:
+        tl.store(partials_ptr + (pid_k * BLOCK_M + rows) * N + cols, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+        arrived = tl.atomic_add(counters_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT - 1:  # the last program of this tile adds the partials in order
+            tl.debug_barrier()
+            acc = tl.load(partials_ptr + rows * N + cols, mask=mask, other=0.0,
+                          cache_modifier=".cg")
+            for j in tl.static_range(1, SPLIT):
+                acc += tl.load(partials_ptr + (j * BLOCK_M + rows) * N + cols, mask=mask,
+                               other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + cols).to(tl.float32)
+            tl.store(out_ptr + rows * stride_om + cols,
+                     to_output(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
+            tl.store(counters_ptr + pid_n, 0)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols).to(tl.float32)
+        tl.store(out_ptr + rows * stride_om + cols,
+                 to_output(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
+
+
+@dataclass(frozen=True)
+class FragmentConfig:
+    """Launch parameters: activation rows per program (16, 32 or 64), a tile of 64 V rows x
+    64 U columns of W per step, K split over `split` programs."""
+    block_m: int
+    v: int
+    u: int
+    split: int
+    num_warps: int = 4
+    num_stages: int = 3
+    nonempty: bool = False
+
+    def __post_init__(self):
+        if self.block_m not in (16, 32, 64):
+            raise ValueError(f"FragmentConfig: block_m must be 16, 32 or 64, got {self.block_m!r}")
+        for name in ("v", "u"):
+            if getattr(self, name) not in (1, 2, 4):
+                raise ValueError(f"FragmentConfig: {name} must be 1, 2 or 4, got "
+                                 f"{getattr(self, name)!r}")
+        if not isinstance(self.split, int) or self.split < 1:
+            raise ValueError(f"FragmentConfig: split must be a positive int, got {self.split!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int):
+    return torch.cuda.get_device_capability(index)
+
+
+def usable_on(device: torch.device) -> bool:
+    """wgmma and bf16x2 multiplies need sm_90 (Hopper), and on another GPU Triton would pick a
+    dot layout that this storage does not match; on the CPU only Triton's interpreter runs."""
+    if device.type != "cuda":
+        return device.type == "cpu"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability(index) == (9, 0)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# Programs per SM for 16, 32 and 64 activation rows (tiles of 64, 128 and 128 rows of W).
+_PROGRAMS_PER_SM = {16: 8, 32: 3, 64: 2}
+
+
+def default_config(M: int, N: int, K: int, device: torch.device) -> FragmentConfig:
+    """From the N = K = 8192 sweep on an H100 (benchmarks/bench_gpu_matmul.py --sweep): up to
+    16 rows, 64-row tiles of W with K split so that about 8 programs share each SM; above,
+    128-row tiles (the wgmma bookkeeping amortized over twice the rows) at 2 or 3 a SM."""
+    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    v = 1 if block_m == 16 or N % 128 else 2
+    u = 2 if K % 128 == 0 else 1
+    steps = K // (64 * u)
+    tiles = N // (64 * v)
+    programs = _PROGRAMS_PER_SM[block_m] * _sm_count(device)
+    split = max(1, min(steps, round(programs / tiles)))
+    return FragmentConfig(block_m, v, u, split)
+
+
+def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                    counters: torch.Tensor, N: int, fold: bool, bias: Optional[torch.Tensor],
+                    config: Optional[FragmentConfig] = None, interpreter: bool = False
+                    ) -> torch.Tensor:
+    """x [M, K] bf16 (1 <= M <= 64, K contiguous) @ W.T + bias, rounded once to bf16, for W
+    [N, K] given by the fragment layout's `codes` and `scales` (fragment_layout.preshuffle),
+    its int32 split counters [N / 64] (zero between calls) and `fold`
+    (fragment_layout.fold_scales)."""
+    M, K = x.shape
+    cfg = config or default_config(M, N, K, x.device)
+    if not (1 <= M <= cfg.block_m and N % (CHUNK * cfg.v) == 0 and K % (CHUNK * cfg.u) == 0):
+        raise ValueError(f"fragment_linear: config {cfg} does not fit M={M}, N={N}, K={K}")
+    if x.dtype != torch.bfloat16 or x.stride(1) != 1:
+        raise ValueError("fragment_linear: x must be bf16 with contiguous rows")
+    steps = K // (CHUNK * cfg.u)
+    split = min(cfg.split, steps)
+    out = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
+    partials = (torch.empty((split, cfg.block_m, N), dtype=torch.float32, device=x.device)
+                if split > 1 else out)
+    grid = (N // (CHUNK * cfg.v), split)
+    fp4_fragment_matmul_kernel[grid](
+        x, codes, scales, bias if bias is not None else out, out, partials, counters,
+        M, N, K, steps, x.stride(0), out.stride(0),
+        BLOCK_M=cfg.block_m, V=cfg.v, U=cfg.u, SPLIT=split, FOLD=fold,
+        HAS_BIAS=bias is not None, NONEMPTY=cfg.nonempty and not interpreter,
+        INTERPRETER=interpreter, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
