@@ -211,6 +211,7 @@ def test_default_config_fills_the_gpu():
     small = fm.default_config(16, 8192, 8192, cpu)
     assert (small.block_m, small.v, small.u) == (16, 1, 2) and small.split >= 1
     assert fm.default_config(33, 8192, 8192, cpu).v == 2
+    assert fm.default_config(33, 8192, 8192, cpu).num_warps == 8
     assert fm.default_config(33, 192, 8192, cpu).v == 1  # 192 rows: no 128-row tiles
     assert fm.default_config(8, 64, 64, cpu).u == 1 and fm.default_config(8, 64, 64, cpu).split == 1
 
@@ -282,7 +283,8 @@ def test_prepacked_layer_equals_the_plain_one(rows):
     layer = _layer()
     x = torch.randint(-4, 5, (rows, 256)).to(torch.bfloat16).to(DEVICE)
     expected = layer(x)
-    assert layer.prepack() is layer and layer.prepacked
+    assert not layer.prepacked and "prepacked" not in repr(layer)
+    assert layer.prepack() is layer and layer.prepacked and repr(layer).endswith("prepacked)")
     torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
 
 

@@ -288,7 +288,8 @@ _PROGRAMS_PER_SM = {16: 8, 32: 3, 64: 2}
 def default_config(M: int, N: int, K: int, device: torch.device) -> FragmentConfig:
     """From the N = K = 8192 sweep on an H100 (benchmarks/bench_gpu_matmul.py --sweep): up to
     16 rows, 64-row tiles of W with K split so that about 8 programs share each SM; above,
-    128-row tiles (the wgmma bookkeeping amortized over twice the rows) at 2 or 3 a SM."""
+    128-row tiles (the wgmma bookkeeping amortized over twice the rows) at 2 or 3 a SM, and
+    for 64 rows two warpgroups of 64 rows each."""
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
     v = 1 if block_m == 16 or N % 128 else 2
     u = 2 if K % 128 == 0 else 1
@@ -296,7 +297,7 @@ def default_config(M: int, N: int, K: int, device: torch.device) -> FragmentConf
     tiles = N // (64 * v)
     programs = _PROGRAMS_PER_SM[block_m] * _sm_count(device)
     split = max(1, min(steps, round(programs / tiles)))
-    return FragmentConfig(block_m, v, u, split)
+    return FragmentConfig(block_m, v, u, split, num_warps=8 if block_m == 64 and v == 2 else 4)
 
 
 def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,

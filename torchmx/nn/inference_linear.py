@@ -166,7 +166,7 @@ class MXInferenceLinear(nn.Module):
         (docs/matmul.md); other inputs take the usual path, with the same numerics (exact
         products, fp32 sums, one rounding). Needs a weight-only config (no activations_config)
         with MXFP4 weights in blocks of 32, in and out features multiples of 64. The copy costs
-        the weight's bytes again (plus 4 KiB). It is not saved in the state dict, follows
+        the weight's bytes again (plus 8.5 KiB of padding). It is not saved in the state dict, follows
         .to(device), and is rebuilt when a state dict is loaded; after writing the weight
         buffers directly, call prepack() again.
         """
@@ -258,7 +258,8 @@ class MXInferenceLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, {describe_qconfig(self.qconfig)}")
+                f"bias={self.bias is not None}, {describe_qconfig(self.qconfig)}"
+                + (", prepacked" if self.prepacked else ""))
 
 
 def prepack_weights(model: nn.Module) -> List[str]:
