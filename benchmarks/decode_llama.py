@@ -1,13 +1,16 @@
 """Decode latency of a Llama-style block stack (random weights): bf16 vs MXFP4 weights.
 
-    python benchmarks/decode_llama.py [--layers 8] [--context 1024]
+    python benchmarks/decode_llama.py [--layers 8] [--context 1024] [--batch 1]
 
 Llama-3-8B's block shapes (hidden 4096, MLP 14336, 32 query / 8 key-value heads of 128, RMSNorm,
-rotary embeddings, SwiGLU), batch 1, one new token attending to `context` cached positions.
+rotary embeddings, SwiGLU), `batch` sequences each decoding one new token attending to
+`context` cached positions.
 Both models run under torch.compile; one decode step is captured in a CUDA graph and the
 median replay time is reported. The MX model is the bf16 one after
 `torchmx.quantize_linear_` with MXFP4 weights (activations stay bf16): every projection runs
-the fused MX-weight kernel.
+the fused MX-weight kernel. With batch 2..64 a third model has its layers prepacked
+(`torchmx.nn.prepack_weights`: the fragment-layout kernel on Hopper; its memory includes the
+second copy of the weights).
 """
 
 import argparse
@@ -79,24 +82,29 @@ class Stack(nn.Module):
         return x
 
 
-def run(layers=8, context=1024):
+def run(layers=8, context=1024, batch=1):
     torch.manual_seed(0)
     model = Stack(layers).to("cuda", torch.bfloat16).eval()
     for p in model.parameters():
         if p.dim() == 2:
             nn.init.normal_(p, std=0.02)
-    x = torch.randn(1, 1, HIDDEN, device="cuda", dtype=torch.bfloat16)
-    caches = [[torch.randn(1, KV_HEADS, context, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(batch, 1, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    caches = [[torch.randn(batch, KV_HEADS, context, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
                for _ in range(layers)] for _ in range(2)]
     angle = torch.rand(HEAD_DIM, device="cuda") * 6.28
     cos, sin = angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
 
     mx_model = copy.deepcopy(model)
     torchmx.quantize_linear_(mx_model, QLinearConfig(MXConfig("float4_e2m1")))
+    models = [("bf16", model), ("MXFP4 weights", mx_model)]
+    if 2 <= batch <= 64:
+        prepacked = copy.deepcopy(mx_model)
+        torchmx.nn.prepack_weights(prepacked)
+        models.append(("MXFP4 prepacked", prepacked))
     results = {}
     with torch.no_grad():
         reference = model(x, *caches, cos, sin)
-        for name, m in (("bf16", model), ("MXFP4 weights", mx_model)):
+        for name, m in models:
             compiled = torch.compile(m, dynamic=False)
             out = compiled(x, *caches, cos, sin)
             step = [lambda: compiled(x, *caches, cos, sin)]
@@ -104,12 +112,12 @@ def run(layers=8, context=1024):
                              model_bytes(m))
             if name != "bf16":
                 cos_sim = F.cosine_similarity(out.float().flatten(), reference.float().flatten(), 0)
-                print(f"  MXFP4 output vs bf16: cosine {cos_sim.item():.4f}")
+                print(f"  {name} output vs bf16: cosine {cos_sim.item():.4f}")
     base = results["bf16"][0]
-    print(f"\nDecode step, {layers} Llama-style blocks (hidden {HIDDEN}, MLP {MLP}), batch 1, "
+    print(f"\nDecode step, {layers} Llama-style blocks (hidden {HIDDEN}, MLP {MLP}), batch {batch}, "
           f"context {context}, torch.compile + CUDA graph ({torch.cuda.get_device_name()})")
     for name, (us, size) in results.items():
-        print(f"  {name:14s} {us:8.1f} us/token  weights+buffers {size / 2**30:5.2f} GiB  "
+        print(f"  {name:15s} {us:8.1f} us/step   weights+buffers {size / 2**30:5.2f} GiB  "
               f"speedup vs bf16 {base / us:4.2f}x")
     return results
 
@@ -118,5 +126,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
-    run(args.layers, args.context)
+    run(args.layers, args.context, args.batch)
