@@ -257,11 +257,14 @@ def test_op_checks_its_parts():
         _op(x, w, (codes[:-1], scales, counters, fold))
     with pytest.raises(ValueError, match="fragment_counters"):
         _op(x, w, (codes, scales, counters.long(), fold))
+    with pytest.raises(ValueError, match="mx_fp4_fragment_linear: input .* in_features=128"):
+        _op(x[:, :96], w, (codes, scales, counters, fold))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        _op(x, w, (codes, scales, counters, fold), torch.zeros(3, dtype=x.dtype, device=DEVICE))
+    w96 = MXTensor.to_mx(torch.zeros(64, 96, device=DEVICE), "float4_e2m1", 32)
     with pytest.raises(ValueError, match="multiples of 64"):
-        w8 = MXTensor.to_mx(torch.zeros(64, 128, device=DEVICE), "float8_e4m3", 32)
-        torch.ops.torchmx.mx_fp4_fragment_linear(x, codes, scales, counters, fold,
-                                                 w8._scale_e8m0, w8._data[:, :96], 96, None,
-                                                 x.dtype)
+        torch.ops.torchmx.mx_fp4_fragment_linear(x[:, :96], codes, scales, counters, fold,
+                                                 w96._scale_e8m0, w96._data, 96, None, x.dtype)
 
 
 # ---------------------------------------------------------------------------------- the layer

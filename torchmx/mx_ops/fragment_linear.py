@@ -69,6 +69,8 @@ def mx_fp4_fragment_linear(input: Tensor, fragment_codes: Tensor, fragment_scale
                            out_dtype: torch.dtype) -> Tensor:
     """F.linear(input, W, bias) rounded once to out_dtype, W the MXFP4 weight given both ways
     (see the module docstring)."""
+    weight_matmul._check_parts(input, weight_scale, weight_data, dtypes.float4_e2m1.name, 32,
+                               in_features, bias, out_dtype, op="mx_fp4_fragment_linear")
     _check_fragment(fragment_codes, fragment_scales, fragment_counters, weight_scale,
                     weight_data, in_features)
     if not uses_fragment_kernel(input, out_dtype) or (bias is not None and bias.dtype != out_dtype):
@@ -78,9 +80,6 @@ def mx_fp4_fragment_linear(input: Tensor, fragment_codes: Tensor, fragment_scale
     from ..kernels import fragment_matmul
     from ..kernels.matmul import _interpreting
     N = weight_scale.shape[0]
-    if bias is not None and tuple(bias.shape) != (N,):
-        raise ValueError(f"mx_fp4_fragment_linear: bias must have shape ({N},), got "
-                         f"{tuple(bias.shape)}")
     x = input.reshape(-1, in_features)
     if x.stride(-1) != 1:
         x = x.contiguous()

@@ -40,7 +40,7 @@ def _kernels_usable(device: torch.device) -> bool:
 
 
 def _check_parts(input, weight_scale, weight_data, elem_dtype_name, block_size, in_features,
-                 bias, out_dtype) -> dtypes.DType:
+                 bias, out_dtype, op: str = "mx_weight_linear") -> dtypes.DType:
     """The format, after ValueError/TypeError for parts that do not describe one MX weight
     [N, in_features] blocked along K with an input [..., in_features]."""
     fmt = args.check_elem_dtype(elem_dtype_name)
@@ -48,24 +48,24 @@ def _check_parts(input, weight_scale, weight_data, elem_dtype_name, block_size, 
     args.check_high_precision_input(input, "input")
     args.check_target_dtype(out_dtype, "out_dtype")
     if input.dim() == 0 or input.shape[-1] != in_features:
-        raise ValueError(f"mx_weight_linear: input of shape {tuple(input.shape)} does not end "
+        raise ValueError(f"{op}: input of shape {tuple(input.shape)} does not end "
                          f"in in_features={in_features}")
     if weight_scale.dtype != torch.uint8 or weight_scale.dim() != 2:
-        raise TypeError("mx_weight_linear: weight_scale must be a 2-d uint8 tensor, got "
+        raise TypeError(f"{op}: weight_scale must be a 2-d uint8 tensor, got "
                         f"{weight_scale.dtype} of shape {tuple(weight_scale.shape)}")
     n = weight_scale.shape[0]
     expected = ((n, packed_length(in_features, fmt)),
                 (n, -(-in_features // block_size)))
     if tuple(weight_data.shape) != expected[0] or tuple(weight_scale.shape) != expected[1]:
         raise ValueError(
-            f"mx_weight_linear: {fmt.name} weight parts for in_features={in_features}, "
+            f"{op}: {fmt.name} weight parts for in_features={in_features}, "
             f"block_size={block_size} must be data {expected[0]} and scale {expected[1]}, got "
             f"{tuple(weight_data.shape)} and {tuple(weight_scale.shape)}")
     if weight_data.dtype not in (torch.uint8, fmt.storage_dtype):
-        raise TypeError(f"mx_weight_linear: weight_data of {fmt.name} must be "
+        raise TypeError(f"{op}: weight_data of {fmt.name} must be "
                         f"{fmt.storage_dtype}, got {weight_data.dtype}")
     if bias is not None and tuple(bias.shape) != (n,):
-        raise ValueError(f"mx_weight_linear: bias must have shape ({n},), got "
+        raise ValueError(f"{op}: bias must have shape ({n},), got "
                          f"{tuple(bias.shape)}")
     return fmt
 
