@@ -11,6 +11,8 @@ bits); random ones the fp32-accumulation bound.
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
@@ -74,6 +76,80 @@ def test_decode_program_places_every_code_as_value_times_2_pow_minus_126():
     assert bits.item() == 6.0 * 2.0 ** -126
 
 
+def _bf16(bits):
+    return (bits & 0xFFFF).to(torch.int16).view(torch.bfloat16)
+
+
+def _run_ptx(program, word, multiplier):
+    """Emulates the decode's inline PTX (the instructions it uses) on int64 tensors: $8 the
+    word, $9 the bf16x2 multiplier; returns the 8 output halves $0..$7 as bf16."""
+    regs = {"$8": word & 0xFFFFFFFF, "$9": multiplier & 0xFFFFFFFF}
+    value = lambda r: regs[r] if r in regs else torch.full_like(word, int(r, 0))  # noqa: E731
+    for line in program.strip("{}\n").split(";"):
+        line = line.strip().strip("{}").strip()
+        if not line or line.startswith(".reg"):
+            continue
+        opcode, operands = line.split(None, 1)
+        if operands.startswith("{"):  # mov.b32 {$a, $b}, p: the halves of p
+            halves, src = operands[1:].split("}")
+            lo, hi = (h.strip() for h in halves.split(","))
+            v = value(src.strip(" ,"))
+            regs[lo], regs[hi] = v & 0xFFFF, v >> 16
+            continue
+        d, *args = [o.strip() for o in operands.split(",")]
+        if opcode == "shf.l.wrap.b32":
+            v, n = value(args[0]), int(args[2])
+            regs[d] = ((v << n) | (v >> (32 - n))) & 0xFFFFFFFF
+        elif opcode == "and.b32":
+            regs[d] = value(args[0]) & value(args[1])
+        elif opcode == "or.b32":
+            regs[d] = value(args[0]) | value(args[1])
+        elif opcode == "mov.b32":
+            regs[d] = value(args[0])
+        elif opcode == "mul.rn.bf16x2":  # bf16 x bf16 is exact in fp32, then one rounding
+            a, b = value(args[0]), value(args[1])
+            halves = [(_bf16(a >> sh).float() * _bf16(b >> sh).float()).to(torch.bfloat16)
+                      .view(torch.int16).to(torch.int64) & 0xFFFF for sh in (0, 16)]
+            regs[d] = halves[0] | (halves[1] << 16)
+        else:
+            raise AssertionError(f"unexpected PTX instruction {opcode}")
+    return [_bf16(regs[f"${i}"]) for i in range(8)]
+
+
+@triton.jit
+def _multiplier_kernel(s_ptr, out_ptr, FOLD: tl.constexpr):
+    i = tl.arange(0, 256)
+    tl.store(out_ptr + i, fm._multiplier(tl.load(s_ptr + i), FOLD))
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_the_inline_ptx_decode_gives_every_code_times_every_scale(fold):
+    """The GPU's decode (PTX text and multiplier bits, not run by the interpreter) against
+    value * 2**(s - 127) rounded once to bf16, for every code in every slot of a word and every
+    scale byte its path takes (FOLD: s <= 128; else all, 255 being NaN)."""
+    s = torch.arange(256, dtype=torch.int32, device=DEVICE)
+    multiplier = torch.empty(256, dtype=torch.int32, device=DEVICE)
+    _multiplier_kernel[(1,)](s, multiplier, FOLD=fold)
+    s, multiplier = s.cpu().long(), multiplier.cpu().long() & 0xFFFFFFFF
+    if fold:
+        s, multiplier = s[:129], multiplier[:129]
+    codes = torch.stack([torch.roll(torch.arange(16), i)[:8] for i in range(16)])  # [16, 8]
+    words = torch.zeros(16, dtype=torch.int64)
+    for (j, half, bit), position in fl.STORED_BIT.items():
+        words |= ((codes[:, 2 * j + half] >> bit) & 1) << position
+    program = fm.DECODE_FOLDED.value if fold else fm.DECODE_TWO_MULTIPLIES.value
+    out = _run_ptx(program, words[:, None].expand(16, len(s)), multiplier[None, :].expand(16, -1))
+    fp4 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)
+    for slot in range(8):
+        c = codes[:, slot][:, None]
+        value = torch.where(c >= 8, -fp4[c % 8], fp4[c % 8]) * torch.exp2(s[None, :] - 127.0)
+        expected = value.to(torch.bfloat16)  # one rounding
+        expected[:, s == 255] = float("nan")
+        same = (out[slot].view(torch.int16) == expected.view(torch.int16))
+        same |= out[slot].isnan() & expected.isnan()
+        assert same.all(), f"slot {slot}: {int((~same).sum())} wrong (code, scale) pairs"
+
+
 @settings(max_examples=25, deadline=None)
 @given(nb=st.integers(1, 3), kb=st.integers(1, 4), seed=st.integers(0, 2**31 - 1))
 def test_preshuffle_round_trips(nb, kb, seed):
@@ -112,6 +188,16 @@ def test_fits_only_fp4_blocks_of_32_in_whole_chunks(fmt, block, N, K):
 def test_preshuffle_rejects_shapes_without_whole_chunks():
     with pytest.raises(ValueError, match="multiples of 64"):
         fl.preshuffle(torch.zeros(96, 2, dtype=torch.uint8), torch.zeros(96, 32, dtype=torch.uint8))
+
+
+def test_preshuffle_in_passes_equals_one_pass(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    data = torch.randint(0, 256, (320, 64), generator=g).to(torch.uint8)
+    scale = torch.randint(0, 256, (320, 4), generator=g).to(torch.uint8)
+    whole = fl.preshuffle(scale, data)
+    monkeypatch.setattr(fl, "PRESHUFFLE_ROWS", 128)  # passes of 128, 128 and 64 rows
+    for a, b in zip(whole, fl.preshuffle(scale, data)):
+        assert torch.equal(a, b)
 
 
 def test_fold_scales():
@@ -239,6 +325,21 @@ def test_op_equals_the_standard_path(shape, dtype):
     torch.testing.assert_close(out, F.linear(x, w, bias), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+def test_strided_activations_and_bias(rows):
+    """Both the fragment op and the standard path (F.linear on the MXTensor) take strided x
+    and bias: the kernels read copies with unit strides."""
+    needs_kernel()
+    N, K = 64, 128
+    _, w = integer_operands("float4_e2m1", 1, N, K)
+    big = torch.randint(-4, 5, (rows, 3, 2 * K)).to(torch.bfloat16).to(DEVICE)
+    x = big[:, 1, ::2]  # row stride 6 K, column stride 2
+    bias = torch.randint(-8, 9, (2 * N,)).to(torch.bfloat16).to(DEVICE)[::2]
+    expected = reference(x, w, bias)
+    torch.testing.assert_close(_op(x, w, parts(w), bias), expected, rtol=0, atol=0)
+    torch.testing.assert_close(F.linear(x, w, bias), expected, rtol=0, atol=0)
+
+
 def test_op_dispatch_by_rows_and_dtype():
     x = torch.zeros(16, 128, dtype=torch.bfloat16, device=DEVICE)
     on_kernel_device = not CUDA or HOPPER
@@ -315,6 +416,58 @@ def test_prepack_is_not_saved_and_is_rebuilt_on_load():
     assert torch.equal(s, other.weight_scale) and torch.equal(d, other.weight_data)
     x = torch.randint(-4, 5, (4, 256)).to(torch.bfloat16).to(DEVICE)
     torch.testing.assert_close(layer(x), other(x), rtol=0, atol=0)
+
+
+def test_an_eager_forward_rebuilds_a_stale_copy():
+    needs_kernel()
+    layer, other = _layer(bias=False).prepack(), _layer(seed=1, bias=False)
+    x = torch.randint(-4, 5, (4, 256)).to(torch.bfloat16).to(DEVICE)
+    layer.weight_data.copy_(other.weight_data)  # written in place
+    layer.weight_scale.copy_(other.weight_scale)
+    torch.testing.assert_close(layer(x), other(x), rtol=0, atol=0)
+    third = _layer(seed=2, bias=False)
+    layer.weight_data, layer.weight_scale = third.weight_data, third.weight_scale  # replaced
+    torch.testing.assert_close(layer(x), third(x), rtol=0, atol=0)
+    s, d = fl.unshuffle(layer.weight_fragment_codes, layer.weight_fragment_scales, 128, 256)
+    assert torch.equal(d, layer.weight_data)
+
+
+def test_prepacked_layer_pickles_and_moves(tmp_path):
+    import copy
+    layer = _layer().prepack()
+    path = tmp_path / "layer.pt"
+    torch.save(layer, path)
+    for other in (torch.load(path, weights_only=False), copy.deepcopy(layer),
+                  copy.deepcopy(layer).to("cpu")):
+        assert other.prepacked
+        assert torch.equal(other.weight_fragment_codes.cpu(), layer.weight_fragment_codes.cpu())
+        x = torch.randint(-4, 5, (3, 256)).to(torch.bfloat16).to(other.weight_data.device)
+        if not CUDA or HOPPER:
+            torch.testing.assert_close(other(x).cpu(), layer(x.to(DEVICE)).cpu(), rtol=0, atol=0)
+
+
+def test_layers_pickled_before_prepack_existed_load():
+    layer = _layer()
+    state = layer.__getstate__()
+    for name in ("_fragment_fold", "_fragment_source"):
+        state.pop(name)
+    for name in ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters"):
+        state["_buffers"].pop(name)
+        state["_non_persistent_buffers_set"].discard(name)
+    old = MXInferenceLinear.__new__(MXInferenceLinear)
+    old.__setstate__(state)
+    assert not old.prepacked and "prepacked" not in repr(old)
+    x = torch.randint(-4, 5, (2, 256)).to(torch.bfloat16).to(DEVICE)
+    torch.testing.assert_close(old(x), layer(x), rtol=0, atol=0)
+
+
+def test_prepack_under_inference_mode():
+    needs_kernel()
+    with torch.inference_mode():
+        layer = _layer().prepack()
+        x = torch.randint(-4, 5, (5, 256)).to(torch.bfloat16).to(DEVICE)
+        torch.testing.assert_close(layer(x), reference(x, layer.weight, layer.bias), rtol=0,
+                                   atol=0)
 
 
 @pytest.mark.parametrize("kwargs,match", [

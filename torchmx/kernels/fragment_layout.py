@@ -20,7 +20,8 @@ Inside a word the 32 code bits are permuted (`PAIR_DECODE`) so that four bf16x2 
 the OR over its pieces of rotl(word, r) & mask. Each code lands with its sign at bit 15 and its
 bits e1 e0 m at bits 8..6 of a bf16: exactly its value times 2**-126 (fp4's 0.5 becomes bf16's
 subnormal 2**-127). The kernel's one bf16x2 multiply by 2**(s - 1) per pair then gives
-value * 2**(s - 127), exact whenever s <= 128; otherwise it multiplies twice (`fold` False).
+value * 2**(s - 127), exact whenever s <= 128; otherwise it multiplies twice (`fold` False),
+rounding value * 2**(s - 127) once (to inf past bf16's range, as the standard path does).
 
 The codes are followed by PAD_CODE_BYTES zero bytes and the scales by PAD_SCALE_BYTES: the
 kernel loads the next step's chunks before it knows that the current step is its last.
@@ -77,15 +78,31 @@ def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int
 
 
 def fold_scales(scale: torch.Tensor) -> bool:
-    """True when every scale byte is <= 128 (block amax < 16 for a quantized weight): the
-    kernel then applies the scale and its decode's 2**126 in one multiply (a host sync)."""
+    """True when every scale byte is <= 128 (every block scale <= 2): the kernel then applies
+    the scale and its decode's 2**126 in one multiply, exactly (a host sync)."""
     return scale.numel() == 0 or int(scale.max()) <= 128
 
 
-def _codes(data: torch.Tensor) -> torch.Tensor:
-    """Packed fp4 bytes [N, K / 2] -> codes [N, K] (int64)."""
-    c = data.view(torch.uint8).to(torch.int64)
-    return torch.stack([c & 0xF, c >> 4], dim=-1).reshape(data.shape[0], -1)
+# Rows of W rearranged per pass of `preshuffle`: bounds its temporaries (int32 tensors of a
+# pass) for weights of any size.
+PRESHUFFLE_ROWS = 1024
+
+
+def _shuffle_codes(data: torch.Tensor) -> torch.Tensor:
+    """Packed fp4 bytes [n, K / 2] (n a multiple of 64) -> the fragment layout's code bytes
+    [n / 64, K / 64, 4, 32, 16] (uint8)."""
+    n, K = data.shape[0], 2 * data.shape[1]
+    nb, kb = n // CHUNK, K // CHUNK
+    b = data.view(torch.uint8).to(torch.int32)
+    c = torch.stack([b & 0xF, b >> 4], dim=-1)           # [n, K / 2, 2]: code 2i, 2i + 1
+    c = c.reshape(nb, 4, 2, 8, kb, 2, 2, 2, 4, 2)        # n = (nb w a g), k = (kb blk o b1 t b0)
+    c = c.permute(0, 4, 1, 3, 8, 5, 2, 6, 7, 9)          # nb kb w g t | blk a | o b1 b0
+    c = c.reshape(nb, kb, 4, 8, 4, 2, 2, 4, 2)           # pair j = 2 o + b1
+    words = torch.zeros(c.shape[:-2], dtype=torch.int32, device=data.device)
+    for (j, half, code_bit), position in STORED_BIT.items():
+        words |= ((c[..., j, half] >> code_bit) & 1) << position  # bit 31 wraps to the sign
+    words = words.reshape(nb, kb, 4, 32, 4)              # lane = 4 g + t, q = 2 blk + a
+    return torch.stack([(words >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
 
 
 def preshuffle(scale: torch.Tensor, data: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -96,22 +113,14 @@ def preshuffle(scale: torch.Tensor, data: torch.Tensor) -> Tuple[torch.Tensor, t
         raise ValueError(f"preshuffle: needs MXFP4 parts of a [N, K] weight with N and K "
                          f"multiples of {CHUNK} (data [N, K / 2], scale [N, K / 32]), got "
                          f"data {tuple(data.shape)} and scale {tuple(scale.shape)}")
-    nb, kb = N // CHUNK, K // CHUNK
-    c = _codes(data).reshape(nb, 4, 2, 8, kb, 2, 2, 2, 4, 2)  # n = (nb w a g), k = (kb blk o b1 t b0)
-    c = c.permute(0, 4, 1, 3, 8, 5, 2, 6, 7, 9)               # nb kb w g t | blk a | o b1 b0
-    c = c.reshape(nb, kb, 4, 8, 4, 2, 2, 4, 2)                # pair j = 2 o + b1
-    words = torch.zeros(c.shape[:-2], dtype=torch.int64, device=data.device)
-    for (j, half, code_bit), position in STORED_BIT.items():
-        words |= ((c[..., j, half] >> code_bit) & 1) << position
-    words = words.reshape(nb, kb, 4, 32, 4)                   # lane = 4 g + t, q = 2 blk + a
-    code_bytes = torch.stack([(words >> (8 * i)) & 0xFF for i in range(4)], dim=-1)
-    s = scale.reshape(nb, 4, 2, 8, kb, 2).permute(0, 4, 1, 3, 5, 2)  # nb kb w g | blk a
-    codes_out = torch.zeros(N * K // 2 + PAD_CODE_BYTES, dtype=torch.uint8, device=data.device)
-    scales_out = torch.zeros(N * K // 32 + PAD_SCALE_BYTES, dtype=torch.uint8,
-                             device=data.device)
-    codes_out[:N * K // 2] = code_bytes.reshape(-1).to(torch.uint8)
-    scales_out[:N * K // 32] = s.reshape(-1)
-    return codes_out, scales_out
+    codes = torch.zeros(N * K // 2 + PAD_CODE_BYTES, dtype=torch.uint8, device=data.device)
+    for r0 in range(0, N, PRESHUFFLE_ROWS):  # chunks of 64-row tiles lie one after the other
+        r1 = min(N, r0 + PRESHUFFLE_ROWS)
+        codes[r0 * K // 2:r1 * K // 2] = _shuffle_codes(data[r0:r1]).reshape(-1)
+    s = scale.reshape(N // CHUNK, 4, 2, 8, K // CHUNK, 2).permute(0, 4, 1, 3, 5, 2)  # nb kb w g | blk a
+    scales = torch.zeros(N * K // 32 + PAD_SCALE_BYTES, dtype=torch.uint8, device=data.device)
+    scales[:N * K // 32] = s.reshape(-1)
+    return codes, scales
 
 
 def unshuffle(codes: torch.Tensor, scales: torch.Tensor, out_features: int,

@@ -304,7 +304,7 @@ def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                     counters: torch.Tensor, N: int, fold: bool, bias: Optional[torch.Tensor],
                     config: Optional[FragmentConfig] = None, interpreter: bool = False
                     ) -> torch.Tensor:
-    """x [M, K] bf16 (1 <= M <= 64, K contiguous) @ W.T + bias, rounded once to bf16, for W
+    """x [M, K] bf16 (1 <= M <= 64, contiguous) @ W.T + bias, rounded once to bf16, for W
     [N, K] given by the fragment layout's `codes` and `scales` (fragment_layout.preshuffle),
     its int32 split counters [N / 64] (zero between calls) and `fold`
     (fragment_layout.fold_scales)."""
@@ -312,8 +312,10 @@ def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     cfg = config or default_config(M, N, K, x.device)
     if not (1 <= M <= cfg.block_m and N % (CHUNK * cfg.v) == 0 and K % (CHUNK * cfg.u) == 0):
         raise ValueError(f"fragment_linear: config {cfg} does not fit M={M}, N={N}, K={K}")
-    if x.dtype != torch.bfloat16 or x.stride(1) != 1:
-        raise ValueError("fragment_linear: x must be bf16 with contiguous rows")
+    if x.dtype != torch.bfloat16 or not x.is_contiguous():
+        raise ValueError("fragment_linear: x must be a contiguous bf16 matrix")
+    if bias is not None and not bias.is_contiguous():
+        raise ValueError("fragment_linear: bias must be contiguous")
     steps = K // (CHUNK * cfg.u)
     split = min(cfg.split, steps)
     out = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)

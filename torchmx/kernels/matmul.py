@@ -360,6 +360,10 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
     """x [..., K] @ W.T + bias, W [N, K] in MX (see the module docstring)."""
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
+    if M <= SMALL_M:  # a few rows: a cheap copy keeps the kernel's offsets small and unit-stride
+        x2 = x2.contiguous()
+    if bias is not None:  # the kernels index the bias with unit stride
+        bias = bias.contiguous()
     fused = (M <= SMALL_M and _int32_offsets(x2, w_data, w_scale, M)
              and (fmt.codes_per_group != 4 or (M <= ROWS_MAX_M and _whole_words(fmt, w_data, K))))
     if x.device.type != "cuda" or fused:

@@ -9,8 +9,8 @@ pre-shuffled copy in the fragment layout (torchmx/kernels/fragment_layout.py).
 On a Hopper GPU (sm_90), for bf16 input and output with FRAGMENT_ROWS activation rows, it runs
 the fragment kernel (kernels/fragment_matmul.py); otherwise the standard-layout parts take the
 usual path (mx_weight_linear): one activation row is faster with the one-row kernel, many rows
-with dequantize + cuBLAS. Both are the exact product, fp32 accumulation and one rounding, so
-the choice is by speed alone. Being one custom op, the choice is made at run time, also under
+with dequantize + cuBLAS. Both are the exact product, fp32 accumulation and one rounding
+(the fp32 summation orders differ, so the last bits can), so the choice is by speed alone. Being one custom op, the choice is made at run time, also under
 torch.compile with dynamic shapes.
 
 `fragment_counters` is written during a call and left at zero (the split-K arrival counters):
@@ -54,12 +54,19 @@ def _check_fragment(fragment_codes, fragment_scales, fragment_counters, weight_s
     expected = [(fragment_codes, N * in_features // 2 + fl.PAD_CODE_BYTES, torch.uint8),
                 (fragment_scales, N * in_features // 32 + fl.PAD_SCALE_BYTES, torch.uint8),
                 (fragment_counters, N // fl.CHUNK, torch.int32)]
-    for name, (t, numel, dtype) in zip(("codes", "scales", "counters"), expected):
+    for name, (t, numel, dtype), alignment in zip(("codes", "scales", "counters"), expected,
+                                                 (16, 4, 4)):
         if t.dim() != 1 or t.numel() != numel or t.dtype != dtype or not t.is_contiguous():
             raise ValueError(f"mx_fp4_fragment_linear: fragment_{name} must be a contiguous "
                              f"1-d {dtype} tensor of {numel} elements (from "
                              f"fragment_layout.preshuffle), got {t.dtype} of shape "
                              f"{tuple(t.shape)}")
+        if t.device != weight_scale.device:
+            raise ValueError(f"mx_fp4_fragment_linear: fragment_{name} is on {t.device}, the "
+                             f"weight on {weight_scale.device}")
+        if t.device.type != "meta" and t.data_ptr() % alignment:  # the kernel's vector loads
+            raise ValueError(f"mx_fp4_fragment_linear: fragment_{name} must be "
+                             f"{alignment}-byte aligned (a fresh tensor is)")
 
 
 @torch.library.custom_op("torchmx::mx_fp4_fragment_linear", mutates_args=())
@@ -80,9 +87,9 @@ def mx_fp4_fragment_linear(input: Tensor, fragment_codes: Tensor, fragment_scale
     from ..kernels import fragment_matmul
     from ..kernels.matmul import _interpreting
     N = weight_scale.shape[0]
-    x = input.reshape(-1, in_features)
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    # at most 64 rows: a cheap copy keeps the kernel's offsets small and unit-stride
+    x = input.reshape(-1, in_features).contiguous()
+    bias = bias.contiguous() if bias is not None else None
     out = fragment_matmul.fragment_linear(x, fragment_codes, fragment_scales, fragment_counters,
                                           N, fragment_fold, bias, interpreter=_interpreting())
     return out.reshape(*input.shape[:-1], N)

@@ -25,6 +25,7 @@ from .mx_linear import check_linear, check_qconfig, describe_qconfig
 __all__ = ["MXInferenceLinear", "prepack_weights"]
 
 _EXTRA_STATE_VERSION = 1
+_FRAGMENT_BUFFERS = ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters")
 
 
 class _PackedLinearFunction(torch.autograd.Function):
@@ -92,12 +93,21 @@ class MXInferenceLinear(nn.Module):
             self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
         else:
             self.register_parameter("bias", None)
-        # the fragment-layout copy of prepack() (not saved: rebuilt from the weight)
-        for name in ("weight_fragment_codes", "weight_fragment_scales",
-                     "weight_fragment_counters"):
+        self._init_fragment()
+        self.register_load_state_dict_post_hook(_refresh_fragment)
+
+    def _init_fragment(self) -> None:
+        """No fragment-layout copy (prepack() adds one; it is not saved: rebuilt from the
+        weight)."""
+        for name in _FRAGMENT_BUFFERS:
             self.register_buffer(name, None, persistent=False)
         self._fragment_fold = True
-        self.register_load_state_dict_post_hook(_refresh_fragment)
+        self._fragment_source = None  # what the copy was built from (`_weight_source`)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if "_fragment_source" not in self.__dict__:  # pickled before prepack() existed
+            self._init_fragment()
 
     @classmethod
     def from_float(cls, linear: nn.Linear, qconfig: Optional[QLinearConfig] = None
@@ -134,6 +144,8 @@ class MXInferenceLinear(nn.Module):
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
+        if self.prepacked:  # the copy went through the same conversion as the weight
+            self._fragment_source = self._weight_source()
         if self.bias is not None:
             self._weight_dtype = self.bias.dtype
         else:  # the uint8 buffers carry no float dtype: see what fn does to one
@@ -166,9 +178,10 @@ class MXInferenceLinear(nn.Module):
         (docs/matmul.md); other inputs take the usual path, with the same numerics (exact
         products, fp32 sums, one rounding). Needs a weight-only config (no activations_config)
         with MXFP4 weights in blocks of 32, in and out features multiples of 64. The copy costs
-        the weight's bytes again (plus 8.5 KiB of padding). It is not saved in the state dict, follows
-        .to(device), and is rebuilt when a state dict is loaded; after writing the weight
-        buffers directly, call prepack() again.
+        the weight's bytes again (plus 8.5 KiB of padding). It is not saved in the state dict and
+        follows .to(device). It is rebuilt when a state dict is loaded, and by an eager forward
+        after the weight buffers were written or replaced; under torch.compile that check is
+        not traced, so call prepack() again after changing the weight of a compiled model.
         """
         cfg = self.qconfig.weights_config
         if self.qconfig.activations_config is not None:
@@ -190,7 +203,15 @@ class MXInferenceLinear(nn.Module):
             self.out_features // fragment_layout.CHUNK, dtype=torch.int32,
             device=codes.device)
         self._fragment_fold = fragment_layout.fold_scales(self.weight_scale)
+        self._fragment_source = self._weight_source()
         return self
+
+    def _weight_source(self) -> tuple:
+        """Identifies the weight buffers' contents: in-place writes bump a tensor's version,
+        assignments and moves replace the tensor."""
+        return tuple((id(t), 0 if t.is_inference() else t._version, t.data_ptr())
+                     for t in (self.weight_data, self.weight_scale))  # inference tensors have
+                                                                      # no version counter
 
     @property
     def prepacked(self) -> bool:
@@ -207,6 +228,8 @@ class MXInferenceLinear(nn.Module):
             bias = bias.to(x.dtype)  # differentiable: the gradient reaches the bias in its dtype
         fragment = None
         if self.weight_fragment_codes is not None:
+            if not torch.compiler.is_compiling() and self._fragment_source != self._weight_source():
+                self.prepack()  # the weight buffers were written or replaced since
             fragment = (self.weight_fragment_codes, self.weight_fragment_scales,
                         self.weight_fragment_counters, self._fragment_fold)
         return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
