@@ -32,8 +32,10 @@ INTERPRETER = not CUDA
 
 @pytest.fixture(autouse=True)
 def kernels_on_cpu(monkeypatch):
-    """On CPU, let the op dispatch to the kernel too (Triton's interpreter)."""
-    monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
+    """Without a GPU, let the ops dispatch CPU tensors to the kernels too (Triton's
+    interpreter); with one, CPU tensors keep the reference path."""
+    if INTERPRETER:
+        monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
 
 
 def needs_kernel():

@@ -270,7 +270,8 @@ def usable_on(device: torch.device) -> bool:
     """wgmma and bf16x2 multiplies need sm_90 (Hopper), and on another GPU Triton would pick a
     dot layout that this storage does not match; on the CPU only Triton's interpreter runs."""
     if device.type != "cuda":
-        return device.type == "cpu"
+        from .matmul import _interpreting
+        return device.type == "cpu" and _interpreting()
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _capability(index) == (9, 0)
 
