@@ -218,8 +218,11 @@ def run_sweep(x, kinds=None, sweep_formats=None):
         "dequantize_rows": rows_like,
         "dequantize_cols": [dict(elements=e, columns=c, num_warps=w) for e, c, w in
                             ((8192, 256, 4), (8192, 128, 8), (16384, 256, 8), (4096, 64, 4))],
-        "quantize_fused": [dict(row_blocks=r, col_blocks=c, vec=v, num_warps=w) for r, c, v, w in
-                           ((1, 2, 8, 1), (1, 1, 8, 1), (1, 4, 8, 2), (2, 2, 8, 2), (1, 8, 2, 4))],
+        "quantize_fused": [dict(row_blocks=r, col_blocks=c, vec=v, num_warps=w, encode=e, maxnreg=m)
+                           for r, c, v, w, e, m in
+                           ((1, 2, 8, 1, 2, 168), (1, 2, 8, 1, 0, 0), (1, 2, 8, 1, 2, 0),
+                            (1, 2, 8, 1, 2, 144), (1, 1, 8, 1, 2, 168), (1, 4, 8, 2, 2, 168),
+                            (2, 2, 8, 2, 2, 168), (1, 8, 2, 4, 2, 168))],
         "dequantize_fp6_rows": [dict(chunks=c, row_chunks=r, num_warps=w) for c, r, w in
                                 ((512, 128, 4), (256, 128, 4), (1024, 128, 8), (512, 64, 4))],
     }
@@ -235,6 +238,7 @@ def run_sweep(x, kinds=None, sweep_formats=None):
         for cfg in configs:
             tb.TUNING[kind] = cfg
             total = 0.0
+            each = []
             try:
                 for fmt in formats:
                     if kind == "dequantize_fp6_rows" and fmt.codes_per_group != 4:
@@ -250,14 +254,16 @@ def run_sweep(x, kinds=None, sweep_formats=None):
                         ms = bench(lambda: tb.dequantize(d, s, fmt, BLOCK, torch.bfloat16, axis,
                                                          x.shape[axis]))
                     total += ms
+                    each.append(f"{fmt.name} {ms * 1e3:.1f}")
             except Exception as error:  # e.g. too many registers for a configuration
                 print(f"sweep {kind} {cfg}: {type(error).__name__}")
                 continue
-            results.append((total, cfg))
+            results.append((total, cfg, each))
         tb.TUNING[kind] = saved
         results.sort(key=lambda r: r[0])
         best[kind] = results[0][1]
-        print(f"sweep {kind}: " + "; ".join(f"{c} {t:.3f} ms" for t, c in results))
+        print(f"sweep {kind}:\n" + "\n".join(f"  {c} {t:.3f} ms ({', '.join(e)} us)"
+                                             for t, c, e in results))
     return best
 
 

@@ -51,6 +51,52 @@ def _codes(x, a, byte, index, key, HW_FP8: tl.constexpr, ROUNDING: tl.constexpr,
 
 
 @triton.jit
+def _codes_rne(x, a, inverse, cap, sign_mask, ENC: tl.constexpr, BITS: tl.constexpr,
+               MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """Float-format codes with round half to even (formats with emin <= 0, not BIG_EMAX):
+    _codes()'s codes in fewer integer / logic instructions, which Hopper issues at half the
+    rate of fp32 multiplies and adds.
+
+    `inverse`, `cap` and `sign_mask` are per block (_rne_block): 2**(127 - byte); `cap` the
+    bits of MAX_NORMAL, or 0 where byte is 255; `sign_mask` the code's sign bit, or 0 where
+    byte is 255. min(|y|, cap), an integer min of the (non-negative) fp32 bits, clamps to the
+    largest code (rounding is monotone and MAX_NORMAL is on the grid) and sends every element
+    of a NaN-scale block (finite, Inf or NaN) to 0. |y| is rounded to the grid by the magic
+    2**(p + 23 - m), p = max(floor(log2 |y|), emin): r = (|y| + magic) - magic, the first
+    addition rounds, the second is exact. r * 2**(bias - 127) (exact) puts the code in the
+    fp32 bits above the low 23 - m (format subnormals on fp32 subnormals), read by one shift.
+    ENC 1 takes the magic's exponent from |y|'s bits. ENC 2, for inputs of at most 20
+    significant bits (bf16, fp16), uses magic = max(|y|, 2**emin) * 2**(23 - m): its lowest
+    bit is the grid step (so ties still go to even) and |y| + magic stays in magic's binade,
+    which 24-bit significands (fp32 inputs) could leave (a test checks that this matters)."""
+    # min over the bits (y >= 0, NaN and Inf above every finite value): no NaN survives.
+    y = tl.minimum((a.to(tl.float32, bitcast=True) * inverse).to(tl.int32, bitcast=True),
+                   cap).to(tl.float32, bitcast=True)
+    if ENC == 2:
+        smallest = tl.full([], (EMIN + 127) << 23, tl.int32).to(tl.float32, bitcast=True)
+        magic = tl.maximum(y, smallest) \
+            * tl.full([], (150 - MBITS) << 23, tl.int32).to(tl.float32, bitcast=True)
+    else:
+        magic_bits = tl.maximum(y.to(tl.int32, bitcast=True) & 0x7F800000, (EMIN + 127) << 23) \
+            + ((23 - MBITS) << 23)
+        magic = magic_bits.to(tl.float32, bitcast=True)
+    r = (y + magic) - magic
+    placed = r * tl.full([], (1 - EMIN) << 23, tl.int32).to(tl.float32, bitcast=True)
+    code = placed.to(tl.int32, bitcast=True) >> (23 - MBITS)
+    return code | ((x.to(tl.int32, bitcast=True) >> (32 - BITS)) & sign_mask)
+
+
+@triton.jit
+def _rne_block(byte, BITS: tl.constexpr, MAX_NORMAL: tl.constexpr):
+    """Per-block operands of _codes_rne: (inverse, cap, sign_mask) of scale bytes `byte`."""
+    nan_scale = byte == 255
+    cap = tl.full([], MAX_NORMAL, tl.float32).to(tl.int32, bitcast=True)
+    # 2**(127 - byte): a normal fp32 for bytes 0..253, 2**-127 for 254 (255: unused, cap 0).
+    inverse = tl.where(byte < 254, (254 - byte) << 23, 0x00400000).to(tl.float32, bitcast=True)
+    return inverse, tl.where(nan_scale, 0, cap), tl.where(nan_scale, 0, 1 << (BITS - 1))
+
+
+@triton.jit
 def _int_codes_even(x, a, byte, inverse, MBITS: tl.constexpr, MAX_CODE: tl.constexpr):
     """MXINT8 codes with round half to even: encode()'s codes in fewer instructions (fewer
     registers too: the fused kernel went from 193 to 128 per thread). y * 64 + 1.5 * 2**23
@@ -342,7 +388,7 @@ def quantize_fused_kernel(
     tiles_r, tiles_c, blocks_r, blocks_c, groups_r, groups_c, key,
     BLOCK: tl.constexpr, TILE_NBR: tl.constexpr, TILE_NBC: tl.constexpr, VEC: tl.constexpr,
     I64: tl.constexpr, GRID: tl.constexpr, CPG: tl.constexpr, HW_FP8: tl.constexpr,
-    WORDS: tl.constexpr,
+    WORDS: tl.constexpr, ENC: tl.constexpr,
     SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
     MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr, RCEIL_ZERO: tl.constexpr,
@@ -354,7 +400,8 @@ def quantize_fused_kernel(
     Per phase p the tile is 2-d, [TILE_NBR * BLOCK / CPG rows, TILE_NBC * BLOCK columns], rows
     rb * BLOCK + g * CPG + p. Seen as [TILE_NBR, G, columns] it gives the column-wise blocks
     (reduced over g, then over the phases); seen as [rows, TILE_NBC, BLOCK], the row-wise ones
-    (each phase holds whole rows).
+    (each phase holds whole rows). ENC != 0: codes by _codes_rne (float formats, round half
+    to even, no hardware fp8), else by _codes.
     """
     G: tl.constexpr = BLOCK // CPG
     A: tl.constexpr = TILE_NBR * G  # rows per phase
@@ -368,22 +415,18 @@ def quantize_fused_kernel(
     # one thread; a row block's columns span a few lanes of one warp.
     cols = tl.max_contiguous(tc * TC + tl.arange(0, TC), VEC)
     col_ok = (cols < C)[None, :]
-    base = x_ptr + b * stride_b + cols[None, :] * stride_c
-    m0 = (first < R)[:, None] & col_ok
-    x0 = load_f32(base + first[:, None] * stride_r, m0)
+    ptr = x_ptr + b * stride_b + cols[None, :] * stride_c + first[:, None] * stride_r
+    x0 = load_f32(ptr, (first < R)[:, None] & col_ok)
     a0 = _abs_bits(x0)
     amax_c = tl.max(tl.reshape(a0, [TILE_NBR, G, TC]), axis=1)  # [NBR, TC]
     if CPG >= 2:
-        m1 = (first + 1 < R)[:, None] & col_ok
-        x1 = load_f32(base + (first + 1)[:, None] * stride_r, m1)
+        x1 = load_f32(ptr + stride_r, (first + 1 < R)[:, None] & col_ok)
         a1 = _abs_bits(x1)
         amax_c = tl.maximum(amax_c, tl.max(tl.reshape(a1, [TILE_NBR, G, TC]), axis=1))
     if CPG == 4:
-        m2 = (first + 2 < R)[:, None] & col_ok
-        x2 = load_f32(base + (first + 2)[:, None] * stride_r, m2)
+        x2 = load_f32(ptr + 2 * stride_r, (first + 2 < R)[:, None] & col_ok)
         a2 = _abs_bits(x2)
-        m3 = (first + 3 < R)[:, None] & col_ok
-        x3 = load_f32(base + (first + 3)[:, None] * stride_r, m3)
+        x3 = load_f32(ptr + 3 * stride_r, (first + 3 < R)[:, None] & col_ok)
         a3 = _abs_bits(x3)
         amax_c = tl.maximum(amax_c, tl.maximum(tl.max(tl.reshape(a2, [TILE_NBR, G, TC]), axis=1),
                                                tl.max(tl.reshape(a3, [TILE_NBR, G, TC]), axis=1)))
@@ -395,20 +438,35 @@ def quantize_fused_kernel(
     byte_c = scale_byte(amax_c, SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO)  # [NBR, TC]
     tl.store(scale_c_ptr + (b * blocks_r + rblocks)[:, None] * C + cols[None, :],
              byte_c.to(tl.uint8), mask=(rblocks < blocks_r)[:, None] & col_ok)
-    byte_c = tl.reshape(tl.broadcast_to(byte_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
-    c0 = _codes(x0, a0, byte_c, index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN,
-                MAX_CODE, BIG_EMAX)
-    c1 = c0
-    c2 = c0
-    c3 = c0
-    if CPG >= 2:
-        c1 = _codes(x1, a1, byte_c, index + C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN,
+    if ENC != 0:
+        inv_c, cap_c, sign_c = _rne_block(byte_c, BITS, MAX_NORMAL)
+        inv_c = tl.reshape(tl.broadcast_to(inv_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
+        cap_c = tl.reshape(tl.broadcast_to(cap_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
+        sign_c = tl.reshape(tl.broadcast_to(sign_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
+        c0 = _codes_rne(x0, a0, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
+        c1 = c0
+        c2 = c0
+        c3 = c0
+        if CPG >= 2:
+            c1 = _codes_rne(x1, a1, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
+        if CPG == 4:
+            c2 = _codes_rne(x2, a2, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
+            c3 = _codes_rne(x3, a3, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
+    else:
+        byte_c = tl.reshape(tl.broadcast_to(byte_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
+        c0 = _codes(x0, a0, byte_c, index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN,
                     MAX_CODE, BIG_EMAX)
-    if CPG == 4:
-        c2 = _codes(x2, a2, byte_c, index + 2 * C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
-                    EMIN, MAX_CODE, BIG_EMAX)
-        c3 = _codes(x3, a3, byte_c, index + 3 * C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
-                    EMIN, MAX_CODE, BIG_EMAX)
+        c1 = c0
+        c2 = c0
+        c3 = c0
+        if CPG >= 2:
+            c1 = _codes(x1, a1, byte_c, index + C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
+                        EMIN, MAX_CODE, BIG_EMAX)
+        if CPG == 4:
+            c2 = _codes(x2, a2, byte_c, index + 2 * C, key, HW_FP8, ROUNDING, IS_INT, BITS,
+                        MBITS, EMIN, MAX_CODE, BIG_EMAX)
+            c3 = _codes(x3, a3, byte_c, index + 3 * C, key, HW_FP8, ROUNDING, IS_INT, BITS,
+                        MBITS, EMIN, MAX_CODE, BIG_EMAX)
     bytes_per_group: tl.constexpr = 3 if CPG == 4 else 1
     q = (tr * TILE_NBR * G + i)[:, None]  # packed group index along R
     out_c = data_c_ptr + b * (groups_r * bytes_per_group) * C + cols[None, :]
@@ -422,21 +480,21 @@ def quantize_fused_kernel(
     _rows_phase(tl.reshape(x0, [A, TILE_NBC, BLOCK]), tl.reshape(a0, [A, TILE_NBC, BLOCK]),
                 first, index3, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr, blocks_c, groups_c,
                 key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE, ROUNDING, IS_INT, BITS, MBITS,
-                EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS)
+                EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS, ENC)
     if CPG >= 2:
         _rows_phase(tl.reshape(x1, [A, TILE_NBC, BLOCK]), tl.reshape(a1, [A, TILE_NBC, BLOCK]),
                     first + 1, index3 + C, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr, blocks_c,
                     groups_c, key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE, ROUNDING, IS_INT,
-                    BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS)
+                    BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS, ENC)
     if CPG == 4:
         _rows_phase(tl.reshape(x2, [A, TILE_NBC, BLOCK]), tl.reshape(a2, [A, TILE_NBC, BLOCK]),
                     first + 2, index3 + 2 * C, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr,
                     blocks_c, groups_c, key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE,
-                    ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS)
+                    ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS, ENC)
         _rows_phase(tl.reshape(x3, [A, TILE_NBC, BLOCK]), tl.reshape(a3, [A, TILE_NBC, BLOCK]),
                     first + 3, index3 + 3 * C, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr,
                     blocks_c, groups_c, key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE,
-                    ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS)
+                    ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS, ENC)
 
 
 @triton.jit
@@ -446,7 +504,8 @@ def _rows_phase(x, a, rows, index, b, tc, R, cblocks, pos, scale_ptr, data_ptr, 
                 ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
                 MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                 MAX_CODE: tl.constexpr, MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr,
-                RCEIL_ZERO: tl.constexpr, BIG_EMAX: tl.constexpr, WORDS: tl.constexpr):
+                RCEIL_ZERO: tl.constexpr, BIG_EMAX: tl.constexpr, WORDS: tl.constexpr,
+                ENC: tl.constexpr):
     """Row-wise quantize of one phase: x [A rows, NBC blocks, BLOCK] of rows `rows` [A], a its
     |x| bits."""
     amax = tl.max(a, axis=2)  # [A, NBC]
@@ -455,8 +514,13 @@ def _rows_phase(x, a, rows, index, b, tc, R, cblocks, pos, scale_ptr, data_ptr, 
     row_ok = rows < R
     tl.store(scale_ptr + line[:, None] * blocks_c + cblocks[None, :], byte.to(tl.uint8),
              mask=row_ok[:, None] & (cblocks < blocks_c)[None, :])
-    codes = _codes(x, a, byte[:, :, None], index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
-                   EMIN, MAX_CODE, BIG_EMAX)
+    if ENC != 0:
+        inverse, cap, sign_mask = _rne_block(byte, BITS, MAX_NORMAL)
+        codes = _codes_rne(x, a, inverse[:, :, None], cap[:, :, None], sign_mask[:, :, None], ENC,
+                           BITS, MBITS, EMIN)
+    else:
+        codes = _codes(x, a, byte[:, :, None], index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
+                       EMIN, MAX_CODE, BIG_EMAX)
     bytes_per_group: tl.constexpr = 3 if CPG == 4 else 1
     _store_packed_last(data_ptr + line * (groups_c * bytes_per_group), codes, pos,
                        tc * (NBC * (BLOCK // CPG)), groups_c, row_ok, A, NBC, CPG, BITS, BLOCK,

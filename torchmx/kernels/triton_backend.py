@@ -37,7 +37,8 @@ TUNING: Dict[str, Dict[str, int]] = {
     "quantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
     "quantize_rows_thread": {"blocks": 128, "row_blocks": 32, "num_warps": 4},
     "quantize_cols": {"elements_per_thread": 64, "num_warps": 4},
-    "quantize_fused": {"row_blocks": 1, "col_blocks": 2, "vec": 8, "num_warps": 1},
+    "quantize_fused": {"row_blocks": 1, "col_blocks": 2, "vec": 8, "num_warps": 1, "encode": 2,
+                       "maxnreg": 168},
     "dequantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
     "dequantize_fp6_rows": {"chunks": 256, "row_chunks": 128, "num_warps": 4},
     "dequantize_cols": {"elements": 8192, "columns": 256, "num_warps": 4},
@@ -48,7 +49,7 @@ _INTERPRETER_TUNING: Dict[str, Dict[str, int]] = {
     "quantize_rows": {"elements": 65536, "columns": 1024, "num_warps": 4},
     "quantize_rows_thread": {"blocks": 2048, "row_blocks": 64, "num_warps": 4},
     "quantize_cols": {"elements_per_thread": 256, "num_warps": 4, "blocks": 64},
-    "quantize_fused": {"row_blocks": 4, "col_blocks": 16, "vec": 8, "num_warps": 4},
+    "quantize_fused": {"row_blocks": 4, "col_blocks": 16, "vec": 8, "num_warps": 4, "encode": 2},
     "dequantize_rows": {"elements": 65536, "columns": 1024, "num_warps": 4},
     "dequantize_fp6_rows": {"chunks": 8192, "row_chunks": 1024, "num_warps": 4},
     "dequantize_cols": {"elements": 65536, "columns": 1024, "num_warps": 4},
@@ -461,12 +462,24 @@ def quantize_rowwise_colwise(x: torch.Tensor, elem_dtype: dtypes.DType, block_si
     tq = _kernels()[0]
     i64 = _needs_i64(_span(x3), x.numel(), data_r.numel(), data_c.numel())
     grid, grid_kind = _grid(B, tiles_r, tiles_c)
+    hw_fp8 = _hw_fp8(fmt, dev, rounding)
+    consts = _format_constants(fmt)
+    # Float codes with round half to even by _codes_rne (`encode` 2; its magic needs inputs
+    # of at most 20 significant bits, 1 is the form for fp32), else (0) by _codes. `maxnreg`
+    # applies with encode 2: ptxas gives those kernels 220-235 registers without it (8 warps
+    # per SM); at 168 (12 warps, a few spills) they ran faster on an H100.
+    enc = cfg.get("encode", 2)
+    if (rounding != "even" or consts["IS_INT"] or hw_fp8 or consts["BIG_EMAX"]
+            or consts["EMIN"] > 0):
+        enc = 0
+    elif x.dtype not in (torch.bfloat16, torch.float16):
+        enc = min(enc, 1)
+    launch = {"maxnreg": cfg["maxnreg"]} if enc == 2 and cfg.get("maxnreg") else {}
     tq.quantize_fused_kernel[grid](
         x3, scale_r, data_r.view(torch.uint8), scale_c, data_c.view(torch.uint8), R, C, *strides,
         tiles_r, tiles_c, blocks_r, blocks_c, _cdiv(R, cpg), _cdiv(C, cpg), _signed32(key),
         BLOCK=block_size, TILE_NBR=nbr, TILE_NBC=nbc, VEC=vec, I64=i64, GRID=grid_kind, CPG=cpg,
-        WORDS=_fp6_words(cpg, block_size, C),
-        HW_FP8=_hw_fp8(fmt, dev, rounding), SCALE_MODE=SCALE_MODES.index(scale_mode),
-        ROUNDING=ROUNDING_MODES.index(rounding), num_warps=warps,
-        **_format_constants(fmt))
+        WORDS=_fp6_words(cpg, block_size, C), ENC=enc,
+        HW_FP8=hw_fp8, SCALE_MODE=SCALE_MODES.index(scale_mode),
+        ROUNDING=ROUNDING_MODES.index(rounding), num_warps=warps, **launch, **consts)
     return (scale_r, data_r), (scale_c, data_c)
