@@ -8,59 +8,21 @@ compared bit for bit with the reference (two calls, blocks along dim -1 and dim 
 Runs like tests/test_triton_quantize.py: on a CUDA GPU, else through Triton's interpreter.
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-_SAVED_INTERPRET = os.environ.get("TRITON_INTERPRET")
-_LATE = "triton.language" in sys.modules and _SAVED_INTERPRET != "1"
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from formats import FORMATS, SCALE_MODES, bit_view
+from torchmx import dtypes
+from torchmx.kernels import triton_backend as tb
+from torchmx.numerics import quantize_mx_reference
 
-triton = pytest.importorskip("triton")
-
-from formats import FORMATS, SCALE_MODES, bit_view  # noqa: E402
-from torchmx import dtypes  # noqa: E402
-from torchmx.kernels import triton_backend as tb  # noqa: E402
-from torchmx.numerics import quantize_mx_reference  # noqa: E402
-
-GPU = torch.cuda.is_available()
-INTERPRET = not GPU and os.environ.get("TRITON_INTERPRET") == "1"
-RERUN = INTERPRET and _LATE
+GPU = torch.cuda.is_available()  # else tests/conftest.py runs Triton's interpreter
 DEVICE = "cuda" if GPU else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-if not GPU and not INTERPRET:
-    pytest.skip("no GPU and the Triton interpreter is off (TRITON_INTERPRET)", allow_module_level=True)
 
 ALL = FORMATS + (dtypes.ExMy(3, 2, bias=10), dtypes.ExMy(6, 1, bias=0))
+FLOATS = [f for f in ALL if f.kind != "int"]
 T = 32  # block size (both ways) and tile side
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _restore_triton_interpret():
-    yield
-    if _SAVED_INTERPRET is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _SAVED_INTERPRET
-
-
-@pytest.fixture(autouse=True)
-def _only_in_a_fresh_process_when_late(request):
-    if RERUN and request.node.name != "test_this_module_in_a_fresh_interpreter_process":
-        pytest.skip("Triton was imported before TRITON_INTERPRET was set")
-
-
-@pytest.mark.skipif(not RERUN, reason="this process runs the tests itself")
-def test_this_module_in_a_fresh_interpreter_process():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"],
-                         env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                         capture_output=True, text=True, timeout=1800)
-    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
 
 
 def tiled(values: torch.Tensor, anchor: float, dtype, tiles_c: int = 6) -> torch.Tensor:
@@ -132,10 +94,8 @@ def midpoints_and_edges(fmt) -> torch.Tensor:
     return torch.cat([near, -near])
 
 
-@pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", FLOATS, ids=lambda f: f.name)
 def test_fp32_values_around_midpoints_and_binade_edges(fmt):
-    if fmt.kind == "int":
-        pytest.skip("no float grid")
     x = tiled(midpoints_and_edges(fmt), top(fmt), torch.float32)
     for mode in SCALE_MODES:
         check(x, fmt, mode, "fp32 midpoints")
