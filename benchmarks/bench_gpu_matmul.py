@@ -135,17 +135,9 @@ def sweep(fmts, Ms, N, K):
         ws = make_weights(fmt, N, K, ROTATE)
         for M in Ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            rows = []
-            for cfg in configs_to_sweep(M):
-                calls = [lambda w=w, cfg=cfg: km.fused_linear(
-                    x, w._scale_e8m0, w._data, fmt, 32, None, torch.bfloat16, config=cfg)
-                    for w in ws]
-                try:
-                    check(calls[0](), x, ws[0])
-                    rows.append((graph_time_us(calls, repeats=10), cfg))
-                except Exception as e:  # a config that does not compile or is wrong
-                    print(f"  {fmt.name} M={M} {cfg}: {type(e).__name__}: {str(e)[:120]}")
-            rows.sort(key=lambda r: r[0])
+            rows = time_configs(configs_to_sweep(M), lambda i, cfg: km.fused_linear(
+                x, ws[i]._scale_e8m0, ws[i]._data, fmt, 32, None, torch.bfloat16, config=cfg),
+                x, ws, f"{fmt.name} M={M}")
             results[(fmt.name, M)] = rows
             best_of_variant = {}
             for t, cfg in rows:
@@ -153,15 +145,31 @@ def sweep(fmts, Ms, N, K):
             default = km._default_config(fmt, M, N, K // 32, torch.bfloat16, x.device)
             shown = rows[:4] + sorted(best_of_variant.values(), key=lambda r: r[0])
             shown += [(t, cfg) for t, cfg in rows if cfg == default][:1]
+            shown = list(dict.fromkeys(shown))  # each row once
             for t, cfg in shown:
                 tag = "  (default)" if cfg == default else ""
                 print(f"sweep {fmt.name:12s} M={M:3d} {t:7.1f} us  {cfg}{tag}")
     return results
 
 
+def time_configs(configs, run, x, ws, label):
+    """[(us, config)] fastest first: run(i, config) on every weight copy ws[i], checked first
+    against the exact product; configs that fail to compile or to check are reported and left
+    out."""
+    rows = []
+    for cfg in dict.fromkeys(configs):  # each once, in order
+        calls = [lambda i=i, cfg=cfg: run(i, cfg) for i in range(len(ws))]
+        try:
+            check(calls[0](), x, ws[0])
+            rows.append((graph_time_us(calls, repeats=10), cfg))
+        except Exception as e:  # a config that does not compile or is wrong
+            print(f"  {label} {cfg}: {type(e).__name__}: {str(e)[:120]}")
+    return sorted(rows, key=lambda r: r[0])
+
+
 def fragment_configs(M):
     """Tiles of the fragment kernel worth timing for M activation rows (FragmentConfig)."""
-    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    block_m = km._block_m(M)
     tiles = [(1, 2, 6, 4), (1, 2, 8, 4), (1, 2, 12, 4), (1, 4, 8, 4), (2, 2, 4, 4), (2, 2, 6, 4),
              (2, 2, 8, 4), (2, 2, 4, 8), (2, 2, 8, 8), (4, 2, 4, 8)]
     return [fm.FragmentConfig(block_m, v, u, split, warps, stages)
@@ -174,17 +182,9 @@ def fragment_sweep(Ms, N, K):
     for M in Ms:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         default = fm.default_config(M, N, K, x.device)
-        rows = []
-        for cfg in fragment_configs(M) + [default]:
-            calls = [lambda p=p, cfg=cfg: fm.fragment_linear(x, p[0], p[1], p[2], N, p[3], None,
-                                                             cfg) for p in parts]
-            try:
-                check(calls[0](), x, ws[0])
-                rows.append((graph_time_us(calls, repeats=10), cfg))
-            except Exception as e:  # a config that does not compile or is wrong
-                print(f"  fragment M={M} {cfg}: {type(e).__name__}: {str(e)[:120]}")
-        rows.sort(key=lambda r: r[0])
-        for t, cfg in rows[:6] + [r for r in rows if r[1] == default][:1]:
+        rows = time_configs(fragment_configs(M) + [default], lambda i, cfg: fm.fragment_linear(
+            x, *parts[i][:3], N, parts[i][3], None, cfg), x, ws, f"fragment M={M}")
+        for t, cfg in rows[:6] + [r for r in rows[6:] if r[1] == default][:1]:
             tag = "  (default)" if cfg == default else ""
             print(f"sweep fragment     M={M:3d} {t:7.1f} us  {cfg}{tag}")
 

@@ -22,6 +22,7 @@ from torchmx.kernels import fragment_matmul as fm
 from torchmx.mx_ops import fragment_linear as fop
 from torchmx.mx_ops import weight_matmul
 from torchmx.nn import MXInferenceLinear, prepack_weights
+from torchmx.numerics import decode
 
 from matmul_operands import DEVICE, assert_within_fp32_accumulation, integer_operands, reference
 
@@ -141,10 +142,9 @@ def test_the_inline_ptx_decode_gives_every_code_times_every_scale(fold):
         words |= ((codes[:, 2 * j + half] >> bit) & 1) << position
     program = fm.DECODE_FOLDED.value if fold else fm.DECODE_TWO_MULTIPLIES.value
     out = _run_ptx(program, words[:, None].expand(16, len(s)), multiplier[None, :].expand(16, -1))
-    fp4 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)
     for slot in range(8):
-        c = codes[:, slot][:, None]
-        value = torch.where(c >= 8, -fp4[c % 8], fp4[c % 8]) * torch.exp2(s[None, :] - 127.0)
+        value = decode(codes[:, slot], dtypes.float4_e2m1).double()[:, None] \
+            * torch.exp2(s[None, :] - 127.0)
         expected = value.to(torch.bfloat16)  # one rounding
         expected[:, s == 255] = float("nan")
         same = (out[slot].view(torch.int16) == expected.view(torch.int16))

@@ -32,6 +32,7 @@ from typing import List, Tuple
 import torch
 
 from .. import dtypes
+from ..numerics.packing import pack_codes, unpack_codes
 
 __all__ = ["PAIR_DECODE", "CHUNK", "fits", "preshuffle", "unshuffle", "fold_scales"]
 
@@ -93,8 +94,7 @@ def _shuffle_codes(data: torch.Tensor) -> torch.Tensor:
     [n / 64, K / 64, 4, 32, 16] (uint8)."""
     n, K = data.shape[0], 2 * data.shape[1]
     nb, kb = n // CHUNK, K // CHUNK
-    b = data.view(torch.uint8).to(torch.int32)
-    c = torch.stack([b & 0xF, b >> 4], dim=-1)           # [n, K / 2, 2]: code 2i, 2i + 1
+    c = unpack_codes(data.view(torch.uint8), dtypes.float4_e2m1, K)  # [n, K] int32
     c = c.reshape(nb, 4, 2, 8, kb, 2, 2, 2, 4, 2)        # n = (nb w a g), k = (kb blk o b1 t b0)
     c = c.permute(0, 4, 1, 3, 8, 5, 2, 6, 7, 9)          # nb kb w g t | blk a | o b1 b0
     c = c.reshape(nb, kb, 4, 8, 4, 2, 2, 4, 2)           # pair j = 2 o + b1
@@ -127,6 +127,11 @@ def unshuffle(codes: torch.Tensor, scales: torch.Tensor, out_features: int,
               in_features: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """The inverse of `preshuffle`: (scale [N, K / 32], data [N, K / 2]) uint8."""
     N, K = out_features, in_features
+    if (not fits(dtypes.float4_e2m1, 32, N, K) or codes.shape != (N * K // 2 + PAD_CODE_BYTES,)
+            or scales.shape != (N * K // 32 + PAD_SCALE_BYTES,)):
+        raise ValueError(f"unshuffle: codes and scales must be preshuffle's of an MXFP4 weight "
+                         f"[{out_features}, {in_features}] (both multiples of {CHUNK}), got "
+                         f"shapes {tuple(codes.shape)} and {tuple(scales.shape)}")
     nb, kb = N // CHUNK, K // CHUNK
     b = codes[:N * K // 2].to(torch.int64).reshape(nb, kb, 4, 8, 4, 2, 2, 4)  # w g t blk a byte
     words = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
@@ -135,6 +140,6 @@ def unshuffle(codes: torch.Tensor, scales: torch.Tensor, out_features: int,
         c[..., j, half] |= ((words >> position) & 1) << code_bit
     c = c.reshape(nb, kb, 4, 8, 4, 2, 2, 2, 2, 2)                # nb kb w g t blk a o b1 b0
     c = c.permute(0, 2, 6, 3, 1, 5, 7, 8, 4, 9).reshape(N, K)
-    data = (c[:, 0::2] | (c[:, 1::2] << 4)).to(torch.uint8)
+    data = pack_codes(c.to(torch.int32), dtypes.float4_e2m1)
     s = scales[:N * K // 32].reshape(nb, kb, 4, 8, 2, 2).permute(0, 2, 5, 3, 1, 4)
     return s.reshape(N, K // 32).contiguous(), data

@@ -37,6 +37,7 @@ import triton.language as tl
 
 from ._tl_numerics import to_output
 from .fragment_layout import CHUNK
+from .matmul import _block_m, _interpreting, _sm_count
 
 __all__ = ["FragmentConfig", "default_config", "fragment_linear", "usable_on"]
 
@@ -270,16 +271,9 @@ def usable_on(device: torch.device) -> bool:
     """wgmma and bf16x2 multiplies need sm_90 (Hopper), and on another GPU Triton would pick a
     dot layout that this storage does not match; on the CPU only Triton's interpreter runs."""
     if device.type != "cuda":
-        from .matmul import _interpreting
         return device.type == "cpu" and _interpreting()
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _capability(index) == (9, 0)
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # Programs per SM for 16, 32 and 64 activation rows (tiles of 64, 128 and 128 rows of W).
@@ -291,7 +285,7 @@ def default_config(M: int, N: int, K: int, device: torch.device) -> FragmentConf
     16 rows, 64-row tiles of W with K split so that about 8 programs share each SM; above,
     128-row tiles (the wgmma bookkeeping amortized over twice the rows) at 2 or 3 a SM, and
     for 64 rows two warpgroups of 64 rows each."""
-    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    block_m = _block_m(M)
     v = 1 if block_m == 16 or N % 128 else 2
     u = 2 if K % 128 == 0 else 1
     steps = K // (64 * u)

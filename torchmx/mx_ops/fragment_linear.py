@@ -85,13 +85,13 @@ def mx_fp4_fragment_linear(input: Tensor, fragment_codes: Tensor, fragment_scale
                                                   dtypes.float4_e2m1.name, 32, in_features,
                                                   bias, out_dtype)
     from ..kernels import fragment_matmul
-    from ..kernels.matmul import _interpreting
     N = weight_scale.shape[0]
     # at most 64 rows: a cheap copy keeps the kernel's offsets small and unit-stride
     x = input.reshape(-1, in_features).contiguous()
     bias = bias.contiguous() if bias is not None else None
     out = fragment_matmul.fragment_linear(x, fragment_codes, fragment_scales, fragment_counters,
-                                          N, fragment_fold, bias, interpreter=_interpreting())
+                                          N, fragment_fold, bias,
+                                          interpreter=fragment_matmul._interpreting())
     return out.reshape(*input.shape[:-1], N)
 
 
