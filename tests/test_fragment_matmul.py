@@ -187,6 +187,13 @@ def test_fits_only_fp4_blocks_of_32_in_whole_chunks(fmt, block, N, K):
     assert fl.fits(dtypes.float4_e2m1, 32, 128, 192)
 
 
+def test_unshuffle_rejects_parts_of_another_shape():
+    codes, scales = fl.preshuffle(torch.zeros(64, 4, dtype=torch.uint8),
+                                  torch.zeros(64, 64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="unshuffle"):
+        fl.unshuffle(codes, scales, 64, 64)
+
+
 def test_preshuffle_rejects_shapes_without_whole_chunks():
     with pytest.raises(ValueError, match="multiples of 64"):
         fl.preshuffle(torch.zeros(96, 2, dtype=torch.uint8), torch.zeros(96, 32, dtype=torch.uint8))
