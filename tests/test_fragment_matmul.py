@@ -52,8 +52,7 @@ def parts(w):
 
 def run(x, w, bias=None, config=None):
     codes, scales, counters, fold = parts(w)
-    out = fm.fragment_linear(x, codes, scales, counters, w.shape[0], fold, bias, config,
-                             interpreter=INTERPRETER)
+    out = fm.fragment_linear(x, codes, scales, counters, w.shape[0], fold, bias, config)
     assert not counters.any(), "the split-K counters are left at zero"
     return out
 

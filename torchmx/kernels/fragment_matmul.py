@@ -297,8 +297,7 @@ def default_config(M: int, N: int, K: int, device: torch.device) -> FragmentConf
 
 def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                     counters: torch.Tensor, N: int, fold: bool, bias: Optional[torch.Tensor],
-                    config: Optional[FragmentConfig] = None, interpreter: bool = False
-                    ) -> torch.Tensor:
+                    config: Optional[FragmentConfig] = None) -> torch.Tensor:
     """x [M, K] bf16 (1 <= M <= 64, contiguous) @ W.T + bias, rounded once to bf16, for W
     [N, K] given by the fragment layout's `codes` and `scales` (fragment_layout.preshuffle),
     its int32 split counters [N / 64] (zero between calls) and `fold`
@@ -313,6 +312,7 @@ def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
         raise ValueError("fragment_linear: bias must be contiguous")
     steps = K // (CHUNK * cfg.u)
     split = min(cfg.split, steps)
+    interpreter = _interpreting()
     out = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     partials = (torch.empty((split, cfg.block_m, N), dtype=torch.float32, device=x.device)
                 if split > 1 else out)

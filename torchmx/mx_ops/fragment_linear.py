@@ -44,7 +44,7 @@ def uses_fragment_kernel(input: Tensor, out_dtype: torch.dtype) -> bool:
 
 
 def _check_fragment(fragment_codes, fragment_scales, fragment_counters, weight_scale,
-                    weight_data, in_features) -> None:
+                    in_features) -> None:
     from ..kernels import fragment_layout as fl
     N = weight_scale.shape[0] if weight_scale.dim() == 2 else -1
     if not fl.fits(dtypes.float4_e2m1, 32, N, in_features):
@@ -79,7 +79,7 @@ def mx_fp4_fragment_linear(input: Tensor, fragment_codes: Tensor, fragment_scale
     weight_matmul._check_parts(input, weight_scale, weight_data, dtypes.float4_e2m1.name, 32,
                                in_features, bias, out_dtype, op="mx_fp4_fragment_linear")
     _check_fragment(fragment_codes, fragment_scales, fragment_counters, weight_scale,
-                    weight_data, in_features)
+                    in_features)
     if not uses_fragment_kernel(input, out_dtype) or (bias is not None and bias.dtype != out_dtype):
         return torch.ops.torchmx.mx_weight_linear(input, weight_scale, weight_data,
                                                   dtypes.float4_e2m1.name, 32, in_features,
@@ -90,8 +90,7 @@ def mx_fp4_fragment_linear(input: Tensor, fragment_codes: Tensor, fragment_scale
     x = input.reshape(-1, in_features).contiguous()
     bias = bias.contiguous() if bias is not None else None
     out = fragment_matmul.fragment_linear(x, fragment_codes, fragment_scales, fragment_counters,
-                                          N, fragment_fold, bias,
-                                          interpreter=fragment_matmul._interpreting())
+                                          N, fragment_fold, bias)
     return out.reshape(*input.shape[:-1], N)
 
 
