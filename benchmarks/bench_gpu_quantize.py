@@ -223,6 +223,14 @@ def run_sweep(x, kinds=None, sweep_formats=None):
                            ((1, 2, 8, 1, 2, 168), (1, 2, 8, 1, 0, 0), (1, 2, 8, 1, 2, 0),
                             (1, 2, 8, 1, 2, 144), (1, 1, 8, 1, 2, 168), (1, 4, 8, 2, 2, 168),
                             (2, 2, 8, 2, 2, 168), (1, 8, 2, 4, 2, 168))],
+        # enabled=0: the per-element fused kernel, timed side by side with the pair kernel.
+        "quantize_fused_pairs": [dict(row_blocks=r, col_blocks=c, vec=v, num_warps=w,
+                                      maxnreg=m, enabled=e)
+                                 for r, c, v, w, m, e in
+                                 ((1, 8, 4, 4, 128, 1), (1, 8, 4, 4, 128, 0),
+                                  (1, 8, 4, 4, 0, 1), (1, 4, 4, 2, 128, 1), (1, 2, 4, 1, 128, 1),
+                                  (2, 4, 4, 4, 128, 1), (1, 16, 4, 8, 128, 1),
+                                  (1, 8, 4, 4, 96, 1))],
         "dequantize_fp6_rows": [dict(chunks=c, row_chunks=r, num_warps=w) for c, r, w in
                                 ((512, 128, 4), (256, 128, 4), (1024, 128, 8), (512, 64, 4))],
     }
@@ -243,7 +251,7 @@ def run_sweep(x, kinds=None, sweep_formats=None):
                 for fmt in formats:
                     if kind == "dequantize_fp6_rows" and fmt.codes_per_group != 4:
                         continue
-                    if kind == "quantize_fused":
+                    if kind.startswith("quantize_fused"):
                         ms = bench(lambda: tb.quantize_rowwise_colwise(x, fmt, BLOCK, "floor", "even", None))
                     elif kind.startswith("quantize"):
                         axis = 0 if kind.endswith("cols") else 1
@@ -417,11 +425,21 @@ def main():
             ms = bench(fn)
             add("fused r+c", fmt, mode, -1, nbytes(x, sr, dr, sc, dc), ms,
                 "-" if baselines else None)
+            if tb._pairs_apply(*tb._view_cols(x, 0), fmt, "even"):
+                # The same pass by the per-element kernel, for comparison (not in the summary).
+                saved = tb.TUNING["quantize_fused_pairs"]
+                tb.TUNING["quantize_fused_pairs"] = dict(saved, enabled=0)
+                if not all(torch.equal(a, b) for a, b in zip(fn()[0] + fn()[1], (sr, dr, sc, dc))):
+                    raise AssertionError(f"fused {fmt.name} {mode}: kernels differ")
+                add("fused elem", fmt, mode, -1, nbytes(x, sr, dr, sc, dc), bench(fn))
+                tb.TUNING["quantize_fused_pairs"] = saved
 
     # Summary against the targets.
     worst = {}
     for row in table:
-        key = "fused r+c" if row["op"] == "fused r+c" else row["op"]
+        if row["op"] == "fused elem":
+            continue
+        key = row["op"]
         if key not in worst or row["copy_fraction"] < worst[key]["copy_fraction"]:
             worst[key] = row
     print(f"\nsummary ({device}, {datetime.date.today().isoformat()}, copy {copy_gbps:.0f} GB/s):")

@@ -142,27 +142,36 @@ def _store_packed_last(rows_ptr, codes, pos, start, limit, rows_ok, A: tl.conste
         c0, c2 = tl.split(even)
         c1, c3 = tl.split(odd)
         word = c0 | (c1 << BITS) | (c2 << (2 * BITS)) | (c3 << (3 * BITS))
-        if WORDS:
-            # 16 codes = 4 groups = 12 bytes = 3 aligned 32-bit words. Three word stores per
-            # 16 codes instead of twelve byte stores 3 apart (partial sectors: very slow).
-            # WORDS needs BLOCK % 16 == 0 and rows of a multiple of 16 codes (host checks).
-            NC: tl.constexpr = NB * G // 4  # 16-code chunks in the tile
-            even_g, odd_g = tl.split(tl.reshape(word, [A, NC, 2, 2]))
-            w0, w2 = tl.split(even_g)
-            w1, w3 = tl.split(odd_g)
-            word0 = w0 | (w1 << 24)
-            word1 = ((w1 >> 8) & 0xFFFF) | (w2 << 16)
-            word2 = ((w2 >> 16) & 0xFF) | (w3 << 8)
-            chunk = start // 4 + tl.arange(0, NC)[None, :]  # chunk index in the row
-            ptr32 = rows_ptr.to(tl.pointer_type(tl.int32))[:, None] + 3 * chunk
-            ok32 = rows_ok[:, None] & (chunk < limit // 4)
-            tl.store(ptr32, word0, mask=ok32)
-            tl.store(ptr32 + 1, word1, mask=ok32)
-            tl.store(ptr32 + 2, word2, mask=ok32)
-        else:
-            tl.store(ptr + 3 * q, (word & 0xFF).to(tl.uint8), mask=ok)
-            tl.store(ptr + 3 * q + 1, ((word >> 8) & 0xFF).to(tl.uint8), mask=ok)
-            tl.store(ptr + 3 * q + 2, ((word >> 16) & 0xFF).to(tl.uint8), mask=ok)
+        store_group_words(rows_ptr, word, q, start, limit, rows_ok, ok, A, NB, G, WORDS)
+
+
+@triton.jit
+def store_group_words(rows_ptr, word, q, start, limit, rows_ok, ok, A: tl.constexpr,
+                      NB: tl.constexpr, G: tl.constexpr, WORDS: tl.constexpr):
+    """Store fp6 groups (24-bit words [A, NB, G] of 4 codes) at byte 3 * q of each row
+    (`q` their group index, `ok` their mask; the other arguments as in _store_packed_last)."""
+    if WORDS:
+        # 16 codes = 4 groups = 12 bytes = 3 aligned 32-bit words. Three word stores per
+        # 16 codes instead of twelve byte stores 3 apart (partial sectors: very slow).
+        # WORDS needs BLOCK % 16 == 0 and rows of a multiple of 16 codes (host checks).
+        NC: tl.constexpr = NB * G // 4  # 16-code chunks in the tile
+        even_g, odd_g = tl.split(tl.reshape(word, [A, NC, 2, 2]))
+        w0, w2 = tl.split(even_g)
+        w1, w3 = tl.split(odd_g)
+        word0 = w0 | (w1 << 24)
+        word1 = ((w1 >> 8) & 0xFFFF) | (w2 << 16)
+        word2 = ((w2 >> 16) & 0xFF) | (w3 << 8)
+        chunk = start // 4 + tl.arange(0, NC)[None, :]  # chunk index in the row
+        ptr32 = rows_ptr.to(tl.pointer_type(tl.int32))[:, None] + 3 * chunk
+        ok32 = rows_ok[:, None] & (chunk < limit // 4)
+        tl.store(ptr32, word0, mask=ok32)
+        tl.store(ptr32 + 1, word1, mask=ok32)
+        tl.store(ptr32 + 2, word2, mask=ok32)
+    else:
+        ptr = rows_ptr[:, None, None]
+        tl.store(ptr + 3 * q, (word & 0xFF).to(tl.uint8), mask=ok)
+        tl.store(ptr + 3 * q + 1, ((word >> 8) & 0xFF).to(tl.uint8), mask=ok)
+        tl.store(ptr + 3 * q + 2, ((word >> 16) & 0xFF).to(tl.uint8), mask=ok)
 
 
 @triton.jit

@@ -1,0 +1,168 @@
+"""The fused row + column quantize pass on bf16 pairs (kernels/_tl_quantize_pairs.py).
+
+Its encode runs as inline PTX, which Triton's interpreter cannot run: on CPU the kernel encodes
+with _tl_quantize._codes_rne instead, and the PTX text is checked here by an emulator
+(tests/ptx_emulator.py) against the reference for every bf16 value and every scale byte. On a
+GPU the same tests run the real kernel. The fused tests of test_triton_quantize.py and
+test_fused_quantize_extra.py reach this kernel too, through their bf16 inputs.
+"""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from formats import SCALE_MODES, wide_range_input
+from ptx_emulator import run_ptx
+from torchmx import dtypes
+from torchmx.kernels import _tl_quantize_pairs as qp
+from torchmx.kernels import triton_backend as tb
+from torchmx.numerics import quantize_mx_reference
+from torchmx.numerics.elements import encode
+
+GPU = torch.cuda.is_available()  # else tests/conftest.py runs Triton's interpreter
+DEVICE = "cuda" if GPU else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+PAIR_FORMATS = (dtypes.float4_e2m1, dtypes.float6_e2m3, dtypes.float6_e3m2,
+                dtypes.ExMy(3, 2, bias=10), dtypes.ExMy(2, 3, bias=3), dtypes.ExMy(1, 2))
+
+
+def test_which_formats_take_the_pair_encode():
+    taken = [f.name for f in dtypes.SUPPORTED_ELEM_DTYPES if qp.pairs_supported(f)]
+    assert taken == ["float6_e3m2", "float6_e2m3", "float4_e2m1"]
+    assert all(qp.pairs_supported(f) for f in PAIR_FORMATS)
+    # emin > 0; 3 and 7 bits (no pair packing here); 8 bits (fp8 has hardware conversions)
+    for f in (dtypes.ExMy(6, 1, bias=0), dtypes.ExMy(2, 0), dtypes.ExMy(3, 3),
+              dtypes.float8_e4m3, dtypes.int8):
+        assert not qp.pairs_supported(f)
+
+
+@triton.jit
+def _operands_kernel(lo_ptr, hi_ptr, inv_ptr, cap_ptr, sign_ptr, N: tl.constexpr,
+                     BITS: tl.constexpr, MBITS: tl.constexpr, CAP: tl.constexpr):
+    i = tl.arange(0, N)
+    inverse, cap, sign = qp._block_operands(tl.load(lo_ptr + i), tl.load(hi_ptr + i), True, BITS,
+                                            MBITS, CAP)
+    tl.store(inv_ptr + i, inverse)
+    tl.store(cap_ptr + i, cap)
+    tl.store(sign_ptr + i, sign)
+
+
+def _operands(fmt, byte_lo, byte_hi):
+    """The kernel's (inverse, cap, sign) words for the halves' scale bytes (its Triton code,
+    run on the device or under the interpreter)."""
+    out = [torch.empty(256, dtype=torch.int32, device=DEVICE) for _ in range(3)]
+    cap = tb._f32_bits(float(fmt.max)) >> 16
+    _operands_kernel[(1,)](byte_lo.to(DEVICE), byte_hi.to(DEVICE), *out, N=256, BITS=fmt.bits,
+                           MBITS=fmt.mantissa_bits, CAP=cap)
+    return [o.cpu().long() & 0xFFFFFFFF for o in out]
+
+
+def _expected_codes(x: torch.Tensor, byte: torch.Tensor, fmt) -> torch.Tensor:
+    """The reference code of bf16 x in a block of scale byte `byte` (0 for byte 255)."""
+    y = x.double() * torch.exp2(127.0 - byte.double())
+    y = torch.where(y.abs() > 2 * float(fmt.max), torch.sign(y) * 2 * float(fmt.max), y)
+    code = encode(y.float(), fmt, "even").long()
+    return torch.where(byte == 255, 0, code)
+
+
+@pytest.mark.parametrize("fmt", PAIR_FORMATS, ids=lambda f: f.name)
+def test_the_ptx_encode_gives_the_code_of_every_bf16_value_under_every_scale(fmt):
+    """Every bf16 bit pattern in the low half and (in another order) in the high half, against
+    every scale byte in the low half and another in the high half. Finite x only where the
+    byte is finite (a block with a NaN or Inf has byte 255, whose codes are all 0)."""
+    bits = torch.arange(65536, dtype=torch.int64)
+    x = bits.to(torch.int16).view(torch.bfloat16)
+    finite = x.isfinite()
+    program = qp.encode_pairs_ptx(fmt)
+    bytes_lo = torch.arange(256, dtype=torch.int32)
+    bytes_hi = (bytes_lo * 77 + 13) % 256
+    inverse, cap, sign = _operands(fmt, bytes_lo, bytes_hi)
+    hi_bits = bits.flip(0)
+    word = bits | (hi_bits << 16)
+    for s in range(256):
+        out = run_ptx(program, {"$1": word, "$2": inverse[s].expand(65536),
+                                "$3": cap[s].expand(65536), "$4": sign[s].expand(65536)})["$0"]
+        for half, half_bits, byte in ((0, bits, bytes_lo[s]), (1, hi_bits, bytes_hi[s])):
+            got = (out >> (16 * half)) & 0xFFFF
+            xs = half_bits.to(torch.int16).view(torch.bfloat16)
+            keep = xs.isfinite() | (byte == 255)
+            expected = _expected_codes(xs.float(), torch.full_like(half_bits, int(byte)), fmt)
+            expected &= (1 << fmt.bits) - 1
+            bad = (got != expected) & keep
+            assert not bad.any(), (f"byte {int(byte)} half {half}: {int(bad.sum())} wrong, e.g. "
+                                   f"x={xs[bad][:3].tolist()} got {got[bad][:3].tolist()} "
+                                   f"expected {expected[bad][:3].tolist()}")
+    assert finite.sum() == 65536 - 2 * 128  # NaNs and Infs excluded above
+
+
+def test_the_ptx_pair_max_is_a_per_half_max():
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randint(0, 2**31, (4096,), generator=g) for _ in range(2))
+    out = run_ptx("max.u16x2 $0, $1, $2;", {"$1": a, "$2": b})["$0"]
+    assert torch.equal(out & 0xFFFF, torch.maximum(a & 0xFFFF, b & 0xFFFF))
+    assert torch.equal(out >> 16, torch.maximum(a >> 16, b >> 16))
+
+
+def _check(x, fmt, block_size, scale_mode):
+    got = tb.quantize_rowwise_colwise(x.to(DEVICE), fmt, block_size, scale_mode, "even", None)
+    for axis, (scale, data) in zip((-1, -2), got):
+        es, ed = quantize_mx_reference(x.cpu(), fmt, block_size, scale_mode=scale_mode,
+                                       block_dim=axis)
+        what = f"{fmt.name} {tuple(x.shape)} B={block_size} {scale_mode} axis={axis}"
+        assert torch.equal(es, scale.cpu()), "scale " + what
+        assert torch.equal(ed.view(torch.uint8), data.cpu().view(torch.uint8)), "data " + what
+
+
+CASES = [((64, 64), (32, 16, 64, 4)), ((37, 66), (32, 16)), ((2, 1, 33, 68), (32,)),
+         ((128, 32), (32,)), ((1, 2), (32,)), ((40, 130), (32,))]
+
+
+@pytest.mark.parametrize("fmt", PAIR_FORMATS, ids=lambda f: f.name)
+def test_pair_kernel_equals_the_reference(fmt, monkeypatch):
+    calls = []
+    original = tb._quantize_fused_pairs
+    monkeypatch.setattr(tb, "_quantize_fused_pairs", lambda *a: calls.append(1) or original(*a))
+    expected_calls = 0
+    for i, (shape, block_sizes) in enumerate(CASES):
+        x = wide_range_input(shape, torch.bfloat16, seed=i)
+        for block_size in block_sizes:
+            if block_size % fmt.codes_per_group == 0:
+                _check(x, fmt, block_size, SCALE_MODES[(i + block_size) % 4])
+                expected_calls += 1
+    assert len(calls) == expected_calls
+
+
+@pytest.mark.parametrize("fmt", [dtypes.float4_e2m1, dtypes.float6_e3m2], ids=lambda f: f.name)
+def test_pair_kernel_on_strided_views_and_other_tiles(fmt, monkeypatch):
+    base = wide_range_input((80, 140), torch.bfloat16, seed=3).to(DEVICE)  # views stay views
+    views = {
+        "row slice": base[5:69, :128],  # even strides, 4-byte aligned start
+        "column slice from 2": base[:, 2:130],
+        "transposed": base[:64, :64].t(),  # blocks along dim -2 of a transpose
+    }
+    for name, x in views.items():
+        _check(x, fmt, 32, "floor")
+    monkeypatch.setitem(tb.TUNING, "quantize_fused_pairs",
+                        {"row_blocks": 2, "col_blocks": 1, "vec": 2, "num_warps": 2, "enabled": 1})
+    _check(views["row slice"], fmt, 32, "ceil")
+
+
+def test_other_inputs_take_the_element_kernel(monkeypatch):
+    """fp16 / fp32 inputs, other roundings, odd widths and misaligned starts go to
+    quantize_fused_kernel (and stay exact); so does everything with the pair kernel disabled."""
+    monkeypatch.setattr(tb, "_quantize_fused_pairs", None)  # would fail if called
+    fmt = dtypes.float4_e2m1
+    x = wide_range_input((64, 66), torch.bfloat16, seed=8).to(DEVICE)
+    _check(x.float(), fmt, 32, "floor")
+    _check(x.half(), fmt, 32, "floor")
+    _check(x[:, :65], fmt, 32, "floor")  # odd width
+    assert x[:, 1:65].data_ptr() % 4 == 2
+    _check(x[:, 1:65], fmt, 32, "floor")  # starts 2 bytes into a word
+    got = tb.quantize_rowwise_colwise(x, fmt, 32, "floor", "stochastic", 3)
+    assert torch.equal(got[0][1].cpu(), quantize_mx_reference(x.cpu(), fmt, 32,
+                                                              rounding="stochastic", seed=3)[1])
+    monkeypatch.setitem(tb.TUNING, "quantize_fused_pairs", {**tb.TUNING["quantize_fused_pairs"],
+                                                            "enabled": 0})
+    _check(x, fmt, 32, "floor")

@@ -1,0 +1,287 @@
+"""The fused row + column quantize pass for bf16 inputs and fp4 / fp6-like formats (round half
+to even), computed on bf16 pairs: each int32 word holds two neighbouring columns, and every
+step of the encode (scale, clamp, round, place) is one bf16x2 or 16x2 instruction for both.
+
+Why: the element-wise pass (_tl_quantize.quantize_fused_kernel) spends most of its time on
+integer and logic instructions, which Hopper issues at half rate, and holds each element as an
+fp32 value plus its |x| bits. Here a word carries two elements through the block maxima
+(max.u16x2 on |x| bits), both encodes and the packing, and one register holds two inputs.
+
+The encode of y = |x| * 2**(127 - byte) for a format with m mantissa bits, emin and bias (see
+encode_pairs_ptx; bf16 arithmetic is exact here: y has at most 8 significant bits and the
+scale is a power of two, and where a product underflows its code is 0 anyway):
+  y = min(y, max_normal)            (an integer min on the bits; NaN-scale blocks: cap 0)
+  magic = 2**(p + 7 - m)            (p = max(floor(log2 y), emin): the bf16 whose ulp is the
+                                     format's grid step at y)
+  s = y + magic                     (bf16 add: rounds y to the grid, ties to even)
+  placed = (s - magic) * 2**(bias - 127)   (one exact fma: the code's magnitude as bf16 bits,
+                                     format subnormals on bf16 subnormals)
+  code = (placed | sign) >> (7 - m)
+Under Triton's interpreter (CPU tests), which runs no inline PTX, the same kernel encodes each
+half with _tl_quantize._codes_rne; tests/test_fused_pairs.py checks the PTX text itself on CPU
+with a PTX emulator, and the GPU tests check the kernel.
+"""
+
+import triton
+import triton.language as tl
+
+from ._tl_numerics import program_coordinates, scale_byte
+from ._tl_quantize import _codes_rne, _rne_block, store_group_words
+
+
+def pairs_supported(fmt) -> bool:
+    """Formats the bf16-pair encode is exact for: floats of 4 or 6 bits (2 or 4 codes per
+    packed group), emin <= 0 (bias >= 1), at most 3 mantissa bits (the grid of y fits bf16's
+    7), an emax well inside bf16's range (no carry out of a 16-bit half)."""
+    return (fmt.kind != "int" and fmt.bits in (4, 6) and fmt.mantissa_bits <= 3
+            and fmt.min_exponent <= 0 and fmt.emax <= 100)
+
+
+def _pair(half: int) -> str:
+    return f"0x{(half & 0xFFFF) * 0x10001:08X}"
+
+
+def encode_pairs_ptx(fmt) -> str:
+    """The PTX of the pair encode for format `fmt`: $0 (out) the two codes in bits 0.. and
+    16..; $1 x (bf16x2 bits); $2 2**(127 - byte) as bf16x2; $3 the cap (bf16 bits of
+    max_normal, or 0 in a NaN-scale half); $4 the sign bit's place in x >> shift (0 in a
+    NaN-scale half). |x| is taken here, not passed in: a register fewer per word held across
+    the two encodes. Constants in registers: the 16x2 / bf16x2 forms take no immediates."""
+    m, emin, bias = fmt.mantissa_bits, fmt.min_exponent, fmt.exponent_bias
+    lowest = (emin + 127) << 7  # bf16 bits of 2**emin
+    to_magic = (7 - m) << 7  # 2**p -> 2**(p + 7 - m)
+    to_negative_placed = 0x8000 + ((7 - m + bias - 127) << 7)  # -> -(magic * 2**(bias - 127))
+    place = bias << 7  # bf16 bits of 2**(bias - 127)
+    return (
+        "{\n.reg .b32 ty, te, tm, tn, ts, tt, tk;\n"
+        "and.b32 ty, $1, 0x7FFF7FFF;\n"
+        "mul.rn.bf16x2 ty, ty, $2;\n"
+        "min.u16x2 ty, ty, $3;\n"
+        "and.b32 te, ty, 0x7F807F80;\n"
+        f"mov.b32 tk, {_pair(lowest)};\n"
+        "max.u16x2 te, te, tk;\n"
+        f"add.u32 tm, te, {_pair(to_magic)};\n"
+        f"add.u32 tn, te, {_pair(to_negative_placed)};\n"
+        "add.rn.bf16x2 ts, ty, tm;\n"
+        f"mov.b32 tk, {_pair(place)};\n"
+        "fma.rn.bf16x2 ts, ts, tk, tn;\n"
+        f"shr.u32 tt, $1, {sign_shift(fmt)};\n"
+        "and.b32 tt, tt, $4;\n"
+        "or.b32 ts, ts, tt;\n"
+        f"shr.u32 $0, ts, {7 - m};\n"
+        "}"
+    )
+
+
+def sign_shift(fmt) -> int:
+    """x >> sign_shift puts x's sign bits (15, 31) on the code's sign bits before the final
+    shift by 7 - m (bit bits - 1 + 7 - m of each half)."""
+    return 15 - (fmt.bits - 1) - (7 - fmt.mantissa_bits)
+
+
+@triton.jit
+def _max_pairs_ptx(a, b):
+    return tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _max_pairs_emulated(a, b):
+    """max.u16x2 of words whose halves are below 0x8000 (|x| bits)."""
+    return tl.maximum(a & 0xFFFF, b & 0xFFFF) | (tl.maximum(a >> 16, b >> 16) << 16)
+
+
+@triton.jit
+def _max_pair_words(a, b, PTX: tl.constexpr):
+    if PTX:
+        return _max_pairs_ptx(a, b)
+    else:
+        return _max_pairs_emulated(a, b)
+
+
+@triton.jit
+def _pair_max(words, axis: tl.constexpr, PTX: tl.constexpr):
+    """Per-half max of |x| words along `axis`. The interpreter runs a custom reduction one
+    element at a time in Python, so it takes the two halves' maxima apart there."""
+    if PTX:
+        return tl.reduce(words, axis, _max_pairs_ptx)
+    else:
+        return tl.max(words & 0xFFFF, axis) | (tl.max(words >> 16, axis) << 16)
+
+
+@triton.jit
+def _half_bits(words):
+    """(fp32 bits of the low halves, of the high halves) of bf16x2 words."""
+    return words << 16, words & -65536
+
+
+@triton.jit
+def _block_operands(byte_lo, byte_hi, PTX: tl.constexpr, BITS: tl.constexpr,
+                    MBITS: tl.constexpr, CAP: tl.constexpr):
+    """The encode's per-block operands for the halves' scale bytes: PTX, (inverse, cap,
+    sign) as bf16x2 / 16x2 words; the interpreter's encode takes the bytes (lo | hi << 16)."""
+    if PTX:
+        inv_lo = tl.where(byte_lo < 254, (254 - byte_lo) << 7, 0x40)  # 2**-127: subnormal
+        inv_hi = tl.where(byte_hi < 254, (254 - byte_hi) << 7, 0x40)
+        SIGN: tl.constexpr = 1 << (BITS - 1 + 7 - MBITS)
+        cap = tl.where(byte_lo == 255, 0, CAP) | (tl.where(byte_hi == 255, 0, CAP) << 16)
+        sign = tl.where(byte_lo == 255, 0, SIGN) | (tl.where(byte_hi == 255, 0, SIGN) << 16)
+        return inv_lo | (inv_hi << 16), cap, sign
+    else:
+        unused = tl.zeros_like(byte_lo)
+        return byte_lo | (byte_hi << 16), unused, unused
+
+
+@triton.jit
+def _encode_pairs(x, inverse, cap, sign, ENCODE: tl.constexpr, PTX: tl.constexpr,
+                  BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                  MAX_NORMAL: tl.constexpr):
+    """Codes of the word pairs x as words (code of the low half in bits 0.., of the high half
+    in bits 16..), with _block_operands' operands."""
+    if PTX:
+        return tl.inline_asm_elementwise(ENCODE, "=r,r,r,r,r", [x, inverse, cap, sign],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        codes = tl.zeros_like(x)
+        for half in tl.static_range(2):
+            byte = (inverse >> (16 * half)) & 0xFFFF
+            xh = ((x >> (16 * half)) << 16).to(tl.float32, bitcast=True)
+            ah = ((x >> (16 * half)) & 0x7FFF) << 16
+            inv, cap_h, sign_h = _rne_block(byte, BITS, MAX_NORMAL)
+            code = _codes_rne(xh, ah, inv, cap_h, sign_h, 1, BITS, MBITS, EMIN)
+            codes = codes | (code << (16 * half))
+        return codes
+
+
+@triton.jit
+def _rows_phase_pairs(x, rows, b, tc, R, cblocks, scale_ptr, data_ptr, blocks_c, row_bytes,
+                      A: tl.constexpr, NBC: tl.constexpr, BLOCK: tl.constexpr, CPG: tl.constexpr,
+                      WORDS: tl.constexpr, ENCODE: tl.constexpr, PTX: tl.constexpr,
+                      SCALE_MODE: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+                      EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr,
+                      RCEIL_FRAC: tl.constexpr, RCEIL_ZERO: tl.constexpr, CAP: tl.constexpr):
+    """Row-wise quantize of one phase: words x [A rows, NBC blocks, BLOCK / 2] of rows `rows`."""
+    BW: tl.constexpr = BLOCK // 2
+    lo, hi = _half_bits(_pair_max(x & 0x7FFF7FFF, 2, PTX))  # [A, NBC]
+    byte = scale_byte(tl.maximum(lo, hi), SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC,
+                      RCEIL_ZERO)
+    line = b * R + rows  # [A]
+    row_ok = rows < R
+    tl.store(scale_ptr + line[:, None] * blocks_c + cblocks[None, :], byte.to(tl.uint8),
+             mask=row_ok[:, None] & (cblocks < blocks_c)[None, :])
+    inverse, cap, sign = _block_operands(byte, byte, PTX, BITS, MBITS, CAP)
+    codes = _encode_pairs(x, inverse[:, :, None], cap[:, :, None], sign[:, :, None], ENCODE,
+                          PTX, BITS, MBITS, EMIN, MAX_NORMAL)
+    rows_ptr = data_ptr + line * row_bytes
+    if CPG == 2:  # a word's two codes are one byte
+        j = (cblocks * BW)[None, :, None] + tl.arange(0, BW)[None, None, :]
+        tl.store(rows_ptr[:, None, None] + j, ((codes | (codes >> 12)) & 0xFF).to(tl.uint8),
+                 mask=row_ok[:, None, None] & (j < row_bytes))
+    else:  # two words' four codes are one 3-byte group
+        G: tl.constexpr = BLOCK // 4
+        first, second = tl.split(tl.reshape(codes, [A, NBC, G, 2]))
+        word = ((first | (first >> 10)) & 0xFFF) | (((second | (second >> 10)) & 0xFFF) << 12)
+        q = (cblocks * G)[None, :, None] + tl.arange(0, G)[None, None, :]
+        limit = row_bytes // 3
+        store_group_words(rows_ptr, word, q, tc * (NBC * G), limit, row_ok,
+                          row_ok[:, None, None] & (q < limit), A, NBC, G, WORDS)
+
+
+@triton.jit
+def quantize_fused_pairs_kernel(
+    x_ptr, scale_r_ptr, data_r_ptr, scale_c_ptr, data_c_ptr, R, W, stride_b, stride_r,
+    tiles_r, tiles_c, blocks_r, blocks_c, groups_r, row_bytes,
+    ENCODE: tl.constexpr, PTX: tl.constexpr, BLOCK: tl.constexpr, TILE_NBR: tl.constexpr,
+    TILE_NBC: tl.constexpr, VEC: tl.constexpr, I64: tl.constexpr, GRID: tl.constexpr,
+    CPG: tl.constexpr, WORDS: tl.constexpr, CAP: tl.constexpr,
+    SCALE_MODE: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+    EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr,
+    RCEIL_ZERO: tl.constexpr,
+):
+    """quantize_fused_kernel's two outputs from x as int32 words [B, R, W] (W = C / 2, unit
+    stride; strides in words), with scale_c and data_c addressed as 16-bit pairs of columns
+    ([B, blocks_r, W] and [B, groups_r * bytes_per_group, W]).
+
+    Per phase p the tile is [TILE_NBR * BLOCK / CPG rows, TILE_NBC * BLOCK / 2 words], rows
+    rb * BLOCK + g * CPG + p, as in quantize_fused_kernel. CAP: bf16 bits of max_normal.
+    """
+    G: tl.constexpr = BLOCK // CPG
+    A: tl.constexpr = TILE_NBR * G  # rows per phase
+    BW: tl.constexpr = BLOCK // 2
+    TW: tl.constexpr = TILE_NBC * BW
+    b, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
+    rblocks = tr * TILE_NBR + tl.arange(0, TILE_NBR)
+    cblocks = tc * TILE_NBC + tl.arange(0, TILE_NBC)
+    i = tl.arange(0, A)
+    first = tr * (TILE_NBR * BLOCK) + (i // G) * BLOCK + (i % G) * CPG  # [A] rows of phase 0
+    w = tl.max_contiguous(tc * TW + tl.arange(0, TW), VEC)
+    w_ok = (w < W)[None, :]
+    ptr = x_ptr + b * stride_b + first[:, None] * stride_r + w[None, :]
+    x0 = tl.load(ptr, mask=(first < R)[:, None] & w_ok, other=0)
+    x1 = tl.load(ptr + stride_r, mask=(first + 1 < R)[:, None] & w_ok, other=0)
+    x2 = x0
+    x3 = x0
+    if CPG == 4:
+        x2 = tl.load(ptr + 2 * stride_r, mask=(first + 2 < R)[:, None] & w_ok, other=0)
+        x3 = tl.load(ptr + 3 * stride_r, mask=(first + 3 < R)[:, None] & w_ok, other=0)
+    xa0 = x0 & 0x7FFF7FFF
+    xa1 = x1 & 0x7FFF7FFF
+    xa2 = x2 & 0x7FFF7FFF
+    xa3 = x3 & 0x7FFF7FFF
+    # Column blocks: the per-half max over g, then over the phases ([NBR, TW] words).
+    pairs = _max_pair_words(xa0, xa1, PTX)
+    if CPG == 4:
+        pairs = _max_pair_words(pairs, _max_pair_words(xa2, xa3, PTX), PTX)
+    lo, hi = _half_bits(_pair_max(tl.reshape(pairs, [TILE_NBR, G, TW]), 1, PTX))
+    byte_lo = scale_byte(lo, SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO)
+    byte_hi = scale_byte(hi, SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO)
+    tl.store(scale_c_ptr + (b * blocks_r + rblocks)[:, None] * W + w[None, :],
+             (byte_lo | (byte_hi << 8)).to(tl.int16), mask=(rblocks < blocks_r)[:, None] & w_ok)
+    inverse, cap, sign = _block_operands(byte_lo, byte_hi, PTX, BITS, MBITS, CAP)
+    inverse = tl.reshape(tl.broadcast_to(inverse[:, None, :], [TILE_NBR, G, TW]), [A, TW])
+    cap = tl.reshape(tl.broadcast_to(cap[:, None, :], [TILE_NBR, G, TW]), [A, TW])
+    sign = tl.reshape(tl.broadcast_to(sign[:, None, :], [TILE_NBR, G, TW]), [A, TW])
+    c0 = _encode_pairs(x0, inverse, cap, sign, ENCODE, PTX, BITS, MBITS, EMIN, MAX_NORMAL)
+    c1 = _encode_pairs(x1, inverse, cap, sign, ENCODE, PTX, BITS, MBITS, EMIN, MAX_NORMAL)
+    q = tr * (TILE_NBR * G) + i  # packed group index along R
+    out_c = data_c_ptr + b * (groups_r * (3 if CPG == 4 else 1)) * W + w[None, :]
+    ok = (q < groups_r)[:, None] & w_ok
+    if CPG == 2:  # bytes (c0 | c1 << 4) of the two columns, as one 16-bit store
+        word = c0 | (c1 << 4)
+        tl.store(out_c + q[:, None] * W, ((word | (word >> 8)) & 0xFFFF).to(tl.int16), mask=ok)
+    else:  # per column the group c0 | c1 << 6 | c2 << 12 | c3 << 18: bytes k = 0, 1, 2
+        c2 = _encode_pairs(x2, inverse, cap, sign, ENCODE, PTX, BITS, MBITS, EMIN,
+                           MAX_NORMAL)
+        c3 = _encode_pairs(x3, inverse, cap, sign, ENCODE, PTX, BITS, MBITS, EMIN,
+                           MAX_NORMAL)
+        low = c0 | (c1 << 6)  # 12 bits per half
+        high = c2 | (c3 << 6)
+        byte0 = low & 0x00FF00FF
+        byte1 = ((low >> 8) & 0x000F000F) | ((high << 4) & 0x00F000F0)
+        byte2 = (high >> 4) & 0x00FF00FF
+        tl.store(out_c + (3 * q)[:, None] * W, ((byte0 | (byte0 >> 8)) & 0xFFFF).to(tl.int16),
+                 mask=ok)
+        tl.store(out_c + (3 * q + 1)[:, None] * W,
+                 ((byte1 | (byte1 >> 8)) & 0xFFFF).to(tl.int16), mask=ok)
+        tl.store(out_c + (3 * q + 2)[:, None] * W,
+                 ((byte2 | (byte2 >> 8)) & 0xFFFF).to(tl.int16), mask=ok)
+
+    # Row blocks, phase by phase.
+    NBC: tl.constexpr = TILE_NBC
+    _rows_phase_pairs(tl.reshape(x0, [A, NBC, BW]), first, b, tc,
+                      R, cblocks, scale_r_ptr, data_r_ptr, blocks_c, row_bytes, A, NBC, BLOCK,
+                      CPG, WORDS, ENCODE, PTX, SCALE_MODE, BITS, MBITS, EMIN, EMAX, MAX_NORMAL,
+                      RCEIL_FRAC, RCEIL_ZERO, CAP)
+    _rows_phase_pairs(tl.reshape(x1, [A, NBC, BW]), first + 1, b,
+                      tc, R, cblocks, scale_r_ptr, data_r_ptr, blocks_c, row_bytes, A, NBC, BLOCK,
+                      CPG, WORDS, ENCODE, PTX, SCALE_MODE, BITS, MBITS, EMIN, EMAX, MAX_NORMAL,
+                      RCEIL_FRAC, RCEIL_ZERO, CAP)
+    if CPG == 4:
+        _rows_phase_pairs(tl.reshape(x2, [A, NBC, BW]), first + 2,
+                          b, tc, R, cblocks, scale_r_ptr, data_r_ptr, blocks_c, row_bytes, A, NBC,
+                          BLOCK, CPG, WORDS, ENCODE, PTX, SCALE_MODE, BITS, MBITS, EMIN, EMAX,
+                          MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, CAP)
+        _rows_phase_pairs(tl.reshape(x3, [A, NBC, BW]), first + 3,
+                          b, tc, R, cblocks, scale_r_ptr, data_r_ptr, blocks_c, row_bytes, A, NBC,
+                          BLOCK, CPG, WORDS, ENCODE, PTX, SCALE_MODE, BITS, MBITS, EMIN, EMAX,
+                          MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, CAP)
