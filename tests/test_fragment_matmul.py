@@ -25,6 +25,7 @@ from torchmx.nn import MXInferenceLinear, prepack_weights
 from torchmx.numerics import decode
 
 from matmul_operands import DEVICE, assert_within_fp32_accumulation, integer_operands, reference
+from ptx_emulator import run_ptx
 
 CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
@@ -78,44 +79,11 @@ def test_decode_program_places_every_code_as_value_times_2_pow_minus_126():
     assert bits.item() == 6.0 * 2.0 ** -126
 
 
-def _bf16(bits):
-    return (bits & 0xFFFF).to(torch.int16).view(torch.bfloat16)
-
-
 def _run_ptx(program, word, multiplier):
-    """Emulates the decode's inline PTX (the instructions it uses) on int64 tensors: $8 the
-    word, $9 the bf16x2 multiplier; returns the 8 output halves $0..$7 as bf16."""
-    regs = {"$8": word & 0xFFFFFFFF, "$9": multiplier & 0xFFFFFFFF}
-    value = lambda r: regs[r] if r in regs else torch.full_like(word, int(r, 0))  # noqa: E731
-    for line in program.strip("{}\n").split(";"):
-        line = line.strip().strip("{}").strip()
-        if not line or line.startswith(".reg"):
-            continue
-        opcode, operands = line.split(None, 1)
-        if operands.startswith("{"):  # mov.b32 {$a, $b}, p: the halves of p
-            halves, src = operands[1:].split("}")
-            lo, hi = (h.strip() for h in halves.split(","))
-            v = value(src.strip(" ,"))
-            regs[lo], regs[hi] = v & 0xFFFF, v >> 16
-            continue
-        d, *args = [o.strip() for o in operands.split(",")]
-        if opcode == "shf.l.wrap.b32":
-            v, n = value(args[0]), int(args[2])
-            regs[d] = ((v << n) | (v >> (32 - n))) & 0xFFFFFFFF
-        elif opcode == "and.b32":
-            regs[d] = value(args[0]) & value(args[1])
-        elif opcode == "or.b32":
-            regs[d] = value(args[0]) | value(args[1])
-        elif opcode == "mov.b32":
-            regs[d] = value(args[0])
-        elif opcode == "mul.rn.bf16x2":  # bf16 x bf16 is exact in fp32, then one rounding
-            a, b = value(args[0]), value(args[1])
-            halves = [(_bf16(a >> sh).float() * _bf16(b >> sh).float()).to(torch.bfloat16)
-                      .view(torch.int16).to(torch.int64) & 0xFFFF for sh in (0, 16)]
-            regs[d] = halves[0] | (halves[1] << 16)
-        else:
-            raise AssertionError(f"unexpected PTX instruction {opcode}")
-    return [_bf16(regs[f"${i}"]) for i in range(8)]
+    """The decode's inline PTX on the emulator: $8 the word, $9 the bf16x2 multiplier; the 8
+    output halves $0..$7 as bf16."""
+    regs = run_ptx(program, {"$8": word, "$9": multiplier})
+    return [(regs[f"${i}"] & 0xFFFF).to(torch.int16).view(torch.bfloat16) for i in range(8)]
 
 
 @triton.jit

@@ -22,6 +22,8 @@ half with _tl_quantize._codes_rne; tests/test_fused_pairs.py checks the PTX text
 with a PTX emulator, and the GPU tests check the kernel.
 """
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -41,6 +43,7 @@ def _pair(half: int) -> str:
     return f"0x{(half & 0xFFFF) * 0x10001:08X}"
 
 
+@functools.lru_cache(maxsize=None)
 def encode_pairs_ptx(fmt) -> str:
     """The PTX of the pair encode for format `fmt`: $0 (out) the two codes in bits 0.. and
     16..; $1 x (bf16x2 bits); $2 2**(127 - byte) as bf16x2; $3 the cap (bf16 bits of

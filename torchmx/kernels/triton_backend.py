@@ -504,9 +504,12 @@ def quantize_rowwise_colwise(x: torch.Tensor, elem_dtype: dtypes.DType, block_si
 
 def _pairs_apply(x3: torch.Tensor, shape, strides, fmt: dtypes.DType, rounding: str) -> bool:
     """Whether the fused pass runs on bf16 pairs (_tl_quantize_pairs): bf16 input, a format it
-    is exact for, round half to even, and x readable as aligned int32 words (unit stride along
-    an even number of columns, even strides, a 4-byte aligned start)."""
+    is exact for, round half to even, x readable as aligned int32 words (unit stride along an
+    even number of columns, even strides, a 4-byte aligned start), and a GPU with the PTX it
+    needs (add.rn.bf16x2, min.u16x2: sm_90) or the interpreter."""
     if not _tuning("quantize_fused_pairs")["enabled"] or rounding != "even":
+        return False
+    if not _interpreting() and torch.cuda.get_device_capability(x3.device) < (9, 0):
         return False
     if x3.dtype != torch.bfloat16 or not _pair_kernels().pairs_supported(fmt):
         return False
