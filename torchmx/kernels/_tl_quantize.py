@@ -416,10 +416,7 @@ def quantize_fused_kernel(
     A: tl.constexpr = TILE_NBR * G  # rows per phase
     TC: tl.constexpr = TILE_NBC * BLOCK
     b, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
-    rblocks = tr * TILE_NBR + tl.arange(0, TILE_NBR)
-    cblocks = tc * TILE_NBC + tl.arange(0, TILE_NBC)
-    i = tl.arange(0, A)
-    first = tr * (TILE_NBR * BLOCK) + (i // G) * BLOCK + (i % G) * CPG  # [A] rows of phase 0
+    rblocks, cblocks, i, first = fused_tile(tr, tc, TILE_NBR, TILE_NBC, BLOCK, CPG)
     # VEC columns per thread (see quantize_cols_kernel): the rows of a column block stay in
     # one thread; a row block's columns span a few lanes of one warp.
     cols = tl.max_contiguous(tc * TC + tl.arange(0, TC), VEC)
@@ -504,6 +501,18 @@ def quantize_fused_kernel(
                     first + 3, index3 + 3 * C, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr,
                     blocks_c, groups_c, key, A, TILE_NBC, BLOCK, CPG, HW_FP8, SCALE_MODE,
                     ROUNDING, IS_INT, BITS, MBITS, EMIN, EMAX, MAX_CODE, MAX_NORMAL, RCEIL_FRAC, RCEIL_ZERO, BIG_EMAX, WORDS, ENC)
+
+
+@triton.jit
+def fused_tile(tr, tc, TILE_NBR: tl.constexpr, TILE_NBC: tl.constexpr, BLOCK: tl.constexpr,
+               CPG: tl.constexpr):
+    """A fused tile's row blocks [TILE_NBR], column blocks [TILE_NBC], lane index i [A] and
+    rows of phase 0 [A] (rb * BLOCK + g * CPG; phase p adds p)."""
+    G: tl.constexpr = BLOCK // CPG
+    rblocks = tr * TILE_NBR + tl.arange(0, TILE_NBR)
+    cblocks = tc * TILE_NBC + tl.arange(0, TILE_NBC)
+    i = tl.arange(0, TILE_NBR * G)
+    return rblocks, cblocks, i, tr * (TILE_NBR * BLOCK) + (i // G) * BLOCK + (i % G) * CPG
 
 
 @triton.jit

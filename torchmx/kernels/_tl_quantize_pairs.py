@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ._tl_numerics import program_coordinates, scale_byte
-from ._tl_quantize import _codes_rne, _rne_block, store_group_words
+from ._tl_quantize import _codes_rne, _rne_block, fused_tile, store_group_words
 
 
 def pairs_supported(fmt) -> bool:
@@ -213,10 +213,7 @@ def quantize_fused_pairs_kernel(
     BW: tl.constexpr = BLOCK // 2
     TW: tl.constexpr = TILE_NBC * BW
     b, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
-    rblocks = tr * TILE_NBR + tl.arange(0, TILE_NBR)
-    cblocks = tc * TILE_NBC + tl.arange(0, TILE_NBC)
-    i = tl.arange(0, A)
-    first = tr * (TILE_NBR * BLOCK) + (i // G) * BLOCK + (i % G) * CPG  # [A] rows of phase 0
+    rblocks, cblocks, i, first = fused_tile(tr, tc, TILE_NBR, TILE_NBC, BLOCK, CPG)
     w = tl.max_contiguous(tc * TW + tl.arange(0, TW), VEC)
     w_ok = (w < W)[None, :]
     ptr = x_ptr + b * stride_b + first[:, None] * stride_r + w[None, :]
