@@ -4,12 +4,15 @@ the baselines, measured side by side in one run.
     python benchmarks/bench_gpu_quantize.py                 # the table (16384 x 8192 bf16)
     python benchmarks/bench_gpu_quantize.py --quick         # fewer cases, no baselines
     python benchmarks/bench_gpu_quantize.py --sweep         # try tile configurations first
+    python benchmarks/bench_gpu_quantize.py --input-dtype fp16   # fp16 (or fp32) input
 
 Each case first checks its output against the reference numerics (bit for bit, on a slice of
-rows computed on CPU), then times the kernel with triton.testing.do_bench (median of many
-runs). Bandwidth counts the bytes a perfect kernel moves: the input read once and every output
+rows computed on CPU), then times it with triton.testing.do_bench_cudagraph (median over
+replays of a CUDA graph of many calls: device time, without the host's launch work). Bandwidth counts the bytes a perfect kernel moves: the input read once and every output
 written once. "copy" is a device-to-device copy of the same input, timed the same way; the
-target is 90% of it (85% for the fused row + column pass).
+target is 90% of it (85% for the fused row + column pass). Where a case runs on a bf16-pair
+kernel (_tl_quantize_pairs), a "quant elem" / "fused elem" row follows it: the same case on the
+per-element kernel, checked equal, for comparison.
 
 Baselines, where they run: torch.compile of the reference numerics (quantize_mx_reference /
 dequantize_mx_reference), torchao's to_mx / to_dtype under torch.compile (--torchao-path, a
@@ -41,12 +44,22 @@ FORMATS = [dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float6_e3m2, dtypes.fl
            dtypes.float4_e2m1, dtypes.int8]
 SCALE_MODES = ["floor", "ceil", "even", "rceil"]
 BLOCK = 32
+INPUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CHECK_ROWS = 256  # rows (8 blocks along dim 0) compared with the CPU reference
 
 
 def bench(fn) -> float:
-    """Median milliseconds of fn() on the device."""
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    """Milliseconds of fn() on the device: the median over replays of a CUDA graph of many
+    calls. Device time only: launched one by one, a call's host work (about 0.1 ms through
+    triton_backend on the H100 host) can exceed its kernel's time and leave the GPU idle,
+    which do_bench (one call per L2 flush) then counts. Functions that cannot be captured
+    (some baselines) fall back to do_bench, with a note."""
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    except Exception as error:  # noqa: BLE001 - e.g. a baseline that syncs with the host
+        print(f"  (timed without a CUDA graph: {type(error).__name__})")
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def make_input(rows, cols, dtype, seed=0):
@@ -213,6 +226,9 @@ def run_sweep(x, kinds=None, sweep_formats=None):
                    ((128, 32, 4), (256, 32, 4), (256, 32, 8), (512, 32, 8), (256, 64, 4))]
     variants = {
         "quantize_rows_thread": thread_like,
+        # enabled=0: the per-element kernel (quantize_rows_thread), timed side by side.
+        "quantize_rows_pairs": [dict(cfg, enabled=1) for cfg in thread_like]
+        + [dict(thread_like[0], enabled=0)],
         "quantize_cols": [dict(elements_per_thread=e, num_warps=w) for e, w in
                           ((64, 4), (64, 2), (32, 4), (128, 4))],
         "dequantize_rows": rows_like,
@@ -292,6 +308,8 @@ def main():
                         help="comma-separated subset of quantize, dequantize, fused")
     parser.add_argument("--modes", default=None,
                         help="comma-separated scale modes (default: all four; --quick: floor, rceil)")
+    parser.add_argument("--input-dtype", default="bf16", choices=sorted(INPUT_DTYPES),
+                        help="dtype of the input (the targets are stated for bf16)")
     parser.add_argument("--no-baselines", action="store_true", help="time torchmx only")
     parser.add_argument("--json", default=None, help="write the rows here as JSON")
     args = parser.parse_args()
@@ -300,11 +318,11 @@ def main():
     print(f"device: {device}; torch {torch.__version__}; triton {triton.__version__}; "
           f"date {datetime.date.today().isoformat()}")
     rows, cols = args.rows, args.cols
-    x = make_input(rows, cols, torch.bfloat16)
+    x = make_input(rows, cols, INPUT_DTYPES[args.input_dtype])
     y = torch.empty_like(x)
     copy_ms = bench(lambda: y.copy_(x))
     copy_gbps = gbps(2 * nbytes(x), copy_ms)
-    print(f"input {rows}x{cols} bf16; device copy {copy_gbps:.0f} GB/s "
+    print(f"input {rows}x{cols} {args.input_dtype}; device copy {copy_gbps:.0f} GB/s "
           f"({2 * nbytes(x) / 1e6:.0f} MB in {copy_ms * 1e3:.1f} us)")
 
     if args.sweep:
@@ -347,6 +365,18 @@ def main():
               f"vs torchao {fmt_ratio(g, tao)} | vs torchmx 0.1.0 {fmt_ratio(g, t010)}",
               flush=True)
 
+    def element_kernel_row(op, kind, fmt, mode, axis, fn, expected):
+        """Time `fn` again with pair kernel `kind` disabled, i.e. on the per-element kernel
+        (same outputs, checked), for comparison; not in the summary."""
+        saved = tb.TUNING[kind]
+        tb.TUNING[kind] = dict(saved, enabled=0)
+        try:
+            if not all(torch.equal(a, b) for a, b in zip(fn(), expected)):
+                raise AssertionError(f"{op} {fmt.name} {mode}: kernels differ")
+            add(op, fmt, mode, axis, nbytes(x, *expected), bench(fn))
+        finally:
+            tb.TUNING[kind] = saved
+
     baseline_formats = {"float8_e4m3", "float4_e2m1"}
     for fmt in formats:
         for axis in (-1, 0) if "quantize" in ops else ():
@@ -382,6 +412,10 @@ def main():
                     else:
                         t010 = old.get("q_" + fmt.name, "n/a")
                 add("quantize", fmt, mode, axis, num_bytes, ms, ref, tao, t010)
+                if axis == -1 and tb._pairs_apply(*tb._view_rows(x, 1), fmt, "even",
+                                                  "quantize_rows_pairs"):
+                    element_kernel_row("quant elem", "quantize_rows_pairs", fmt, mode, axis, fn,
+                                       (scale, data))
         for axis in (-1, 0) if "dequantize" in ops else ():
             scale, data = tb.quantize(x, fmt, BLOCK, "floor", "even", axis % 2, None)
             n = x.shape[axis]
@@ -425,19 +459,14 @@ def main():
             ms = bench(fn)
             add("fused r+c", fmt, mode, -1, nbytes(x, sr, dr, sc, dc), ms,
                 "-" if baselines else None)
-            if tb._pairs_apply(*tb._view_cols(x, 0), fmt, "even"):
-                # The same pass by the per-element kernel, for comparison (not in the summary).
-                saved = tb.TUNING["quantize_fused_pairs"]
-                tb.TUNING["quantize_fused_pairs"] = dict(saved, enabled=0)
-                if not all(torch.equal(a, b) for a, b in zip(fn()[0] + fn()[1], (sr, dr, sc, dc))):
-                    raise AssertionError(f"fused {fmt.name} {mode}: kernels differ")
-                add("fused elem", fmt, mode, -1, nbytes(x, sr, dr, sc, dc), bench(fn))
-                tb.TUNING["quantize_fused_pairs"] = saved
+            if tb._pairs_apply(*tb._view_cols(x, 0), fmt, "even", "quantize_fused_pairs"):
+                element_kernel_row("fused elem", "quantize_fused_pairs", fmt, mode, -1,
+                                   lambda: sum(fn(), ()), (sr, dr, sc, dc))
 
     # Summary against the targets.
     worst = {}
     for row in table:
-        if row["op"] == "fused elem":
+        if row["op"] in ("fused elem", "quant elem"):
             continue
         key = row["op"]
         if key not in worst or row["copy_fraction"] < worst[key]["copy_fraction"]:

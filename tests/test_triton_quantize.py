@@ -280,6 +280,28 @@ def test_fp6_rows_word_and_byte_paths(fmt):
     assert_same(expected, tb.dequantize(shifted, scale.to(DEVICE), fmt, 16, torch.float32, 1, 40))
 
 
+THREAD_ROW_INPUTS = {"fp32": (torch.float32, 1), "fp16": (torch.float16, 1),
+                     "bf16": (torch.bfloat16, 1), "bf16 elements": (torch.bfloat16, 0)}
+
+
+@pytest.mark.parametrize("inputs", THREAD_ROW_INPUTS)
+def test_one_block_per_thread_rows_for_every_input(inputs, monkeypatch):
+    """Blocks of 8-64 (fp6: 32, 64) along a unit-stride last dim are quantized one block per
+    thread from 16-bit inputs, and from fp32 for fp6 (two 16-byte chunks per 8 codes; other
+    formats take quantize_rows_kernel there). bf16 inputs of fp4 / fp6 take the pair kernel
+    (test_quantize_pairs.py) unless it is disabled, as in "bf16 elements"."""
+    dtype, pairs = THREAD_ROW_INPUTS[inputs]
+    monkeypatch.setitem(tb.TUNING, "quantize_rows_pairs",
+                        {**tb.TUNING["quantize_rows_pairs"], "enabled": pairs})
+    x = wide_range_input((5, 192), dtype, seed=len(inputs))
+    for i, fmt in enumerate(ALL_FORMATS):
+        for block_size in (32, 64) if fmt.bits == 6 else (8, 32):
+            cw = tb._thread_rows(x.element_size(), block_size, 192, fmt.codes_per_group, True)
+            one_per_thread = dtype != torch.float32 or fmt.bits == 6
+            assert cw == (16 // x.element_size() if one_per_thread else None), fmt.name
+            check_quantize(x, fmt, block_size, SCALE_MODES[(i + block_size) % 4], "even", -1)
+
+
 FUSED_SHAPES = [(64, 96), (37, 67), (2, 3, 33, 65), (1, 1), (128, 32)]
 
 

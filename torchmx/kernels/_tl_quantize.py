@@ -236,7 +236,7 @@ def _store_chunks(row_ptr, codes, blocks, first, ok, BLOCK: tl.constexpr, CW: tl
     """Store codes [NB, TR, NCH, CW] packed: chunk (b, r, j) holds the codes of columns
     first[b, 0, j, 0] + 0..CW-1 of the row at row_ptr[0, r, 0, 0]; ok [NB, TR, 1, 1]. The CW
     codes of a chunk sit in one thread, so a chunk is one vector store (fp6: every 32 codes of
-    a block, 24 bytes, leave as three 8-byte stores; BLOCK % 32 == 0)."""
+    a block, 24 bytes, leave as three 8-byte stores; BLOCK % 32 == 0, CW 4 or 8)."""
     NB: tl.constexpr = codes.shape[0]
     TR: tl.constexpr = codes.shape[1]
     NCH: tl.constexpr = codes.shape[2]
@@ -247,26 +247,36 @@ def _store_chunks(row_ptr, codes, blocks, first, ok, BLOCK: tl.constexpr, CW: tl
         low, high = tl.split(tl.reshape(codes, [NB, TR, NCH, CW // 2, 2]))
         tl.store(row_ptr + first // 2 + tl.arange(0, CW // 2)[None, None, None, :],
                  (low | (high << BITS)).to(tl.uint8), mask=ok)
-    else:  # CW = 8: 32 codes (4 chunks) = 24 bytes = 3 aligned 8-byte stores
-        even, odd = tl.split(tl.reshape(codes, [NB, TR, NCH, 2, 2, 2]))
+    else:  # two 4-code groups per 8 codes (one chunk of 16-bit inputs, two of fp32)
+        even, odd = tl.split(tl.reshape(codes, [NB, TR, BLOCK // 8, 2, 2, 2]))
         c0, c2 = tl.split(even)
         c1, c3 = tl.split(odd)
-        groups = c0 | (c1 << BITS) | (c2 << (2 * BITS)) | (c3 << (3 * BITS))  # 24-bit words
-        NP: tl.constexpr = NCH // 4
-        e, o = tl.split(tl.reshape(groups, [NB, TR, NP, 2, 2, 2]))  # group 4a + 2b + c
-        e0, e1 = tl.split(e)
-        o0, o1 = tl.split(o)
-        g0, g4 = tl.split(e0)
-        g2, g6 = tl.split(e1)
-        g1, g5 = tl.split(o0)
-        g3, g7 = tl.split(o1)
-        ptr32 = row_ptr.to(tl.pointer_type(tl.int32)) + blocks[:, None, None, None] * (BLOCK // 16 * 3) \
-            + tl.arange(0, NP)[None, None, :, None] * 6
-        pair = tl.arange(0, 2)[None, None, None, :]
-        tl.store(ptr32 + pair, tl.join(g0 | (g1 << 24), (g1 >> 8) | (g2 << 16)), mask=ok)
-        tl.store(ptr32 + 2 + pair, tl.join((g2 >> 16) | (g3 << 8), g4 | (g5 << 24)), mask=ok)
-        tl.store(ptr32 + 4 + pair, tl.join((g5 >> 8) | (g6 << 16), (g6 >> 16) | (g7 << 8)),
-                 mask=ok)
+        store_fp6_groups(row_ptr, c0 | (c1 << BITS) | (c2 << (2 * BITS)) | (c3 << (3 * BITS)),
+                         blocks, ok, BLOCK)
+
+
+@triton.jit
+def store_fp6_groups(row_ptr, groups, blocks, ok, BLOCK: tl.constexpr):
+    """Store 24-bit fp6 groups [NB, TR, NCH, 2] (group 2j + i of each block at [.., j, i]) of
+    blocks `blocks` [NB] in the row at row_ptr [1, TR, 1, 1]: every 32 codes (8 groups, 24
+    bytes) leave as three aligned 8-byte stores (BLOCK % 32 == 0)."""
+    NB: tl.constexpr = groups.shape[0]
+    TR: tl.constexpr = groups.shape[1]
+    NP: tl.constexpr = groups.shape[2] // 4
+    e, o = tl.split(tl.reshape(groups, [NB, TR, NP, 2, 2, 2]))  # group 4a + 2b + c
+    e0, e1 = tl.split(e)
+    o0, o1 = tl.split(o)
+    g0, g4 = tl.split(e0)
+    g2, g6 = tl.split(e1)
+    g1, g5 = tl.split(o0)
+    g3, g7 = tl.split(o1)
+    ptr32 = row_ptr.to(tl.pointer_type(tl.int32)) + blocks[:, None, None, None] * (BLOCK // 16 * 3) \
+        + tl.arange(0, NP)[None, None, :, None] * 6
+    pair = tl.arange(0, 2)[None, None, None, :]
+    tl.store(ptr32 + pair, tl.join(g0 | (g1 << 24), (g1 >> 8) | (g2 << 16)), mask=ok)
+    tl.store(ptr32 + 2 + pair, tl.join((g2 >> 16) | (g3 << 8), g4 | (g5 << 24)), mask=ok)
+    tl.store(ptr32 + 4 + pair, tl.join((g5 >> 8) | (g6 << 16), (g6 >> 16) | (g7 << 8)),
+             mask=ok)
 
 
 @triton.jit

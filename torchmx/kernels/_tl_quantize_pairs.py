@@ -1,11 +1,13 @@
-"""The fused row + column quantize pass for bf16 inputs and fp4 / fp6-like formats (round half
-to even), computed on bf16 pairs: each int32 word holds two neighbouring columns, and every
-step of the encode (scale, clamp, round, place) is one bf16x2 or 16x2 instruction for both.
+"""Quantize kernels for bf16 inputs and fp4 / fp6-like formats (round half to even), computed
+on bf16 pairs: each int32 word holds two neighbouring columns, and every step of the encode
+(scale, clamp, round, place) is one bf16x2 or 16x2 instruction for both. Two kernels: blocks
+along the last dim (quantize_rows_pairs_kernel) and the fused row + column pass
+(quantize_fused_pairs_kernel).
 
-Why: the element-wise pass (_tl_quantize.quantize_fused_kernel) spends most of its time on
-integer and logic instructions, which Hopper issues at half rate, and holds each element as an
-fp32 value plus its |x| bits. Here a word carries two elements through the block maxima
-(max.u16x2 on |x| bits), both encodes and the packing, and one register holds two inputs.
+Why: the element-wise kernels (_tl_quantize) spend most of their time on integer and logic
+instructions, which Hopper issues at half rate, and hold each element as an fp32 value plus its
+|x| bits. Here a word carries two elements through the block maxima (max.u16x2 on |x| bits),
+both encodes and the packing, and one register holds two inputs.
 
 The encode of y = |x| * 2**(127 - byte) for a format with m mantissa bits, emin and bias (see
 encode_pairs_ptx; bf16 arithmetic is exact here: y has at most 8 significant bits and the
@@ -18,7 +20,7 @@ scale is a power of two, and where a product underflows its code is 0 anyway):
                                      format subnormals on bf16 subnormals)
   code = (placed | sign) >> (7 - m)
 Under Triton's interpreter (CPU tests), which runs no inline PTX, the same kernel encodes each
-half with _tl_quantize._codes_rne; tests/test_fused_pairs.py checks the PTX text itself on CPU
+half with _tl_quantize._codes_rne; tests/test_quantize_pairs.py checks the PTX text itself on CPU
 with a PTX emulator, and the GPU tests check the kernel.
 """
 
@@ -28,7 +30,8 @@ import triton
 import triton.language as tl
 
 from ._tl_numerics import program_coordinates, scale_byte
-from ._tl_quantize import _codes_rne, _rne_block, fused_tile, store_group_words
+from ._tl_quantize import (_codes_rne, _rne_block, chunk_tile, fused_tile, store_fp6_groups,
+                           store_group_words)
 
 
 def pairs_supported(fmt) -> bool:
@@ -157,6 +160,56 @@ def _encode_pairs(x, inverse, cap, sign, ENCODE: tl.constexpr, PTX: tl.constexpr
 
 
 @triton.jit
+def _fp6_group_words(first, second):
+    """The 24-bit groups of the four codes in code words `first` and `second` (the next two
+    columns)."""
+    return ((first | (first >> 10)) & 0xFFF) | (((second | (second >> 10)) & 0xFFF) << 12)
+
+
+@triton.jit
+def quantize_rows_pairs_kernel(
+    x_ptr, scale_ptr, data_ptr, R, stride_b, stride_r, tiles_r, tiles_c, blocks_c, row_bytes,
+    ENCODE: tl.constexpr, PTX: tl.constexpr, BLOCK: tl.constexpr, TILE_R: tl.constexpr,
+    TILE_NB: tl.constexpr, I64: tl.constexpr, GRID: tl.constexpr, CPG: tl.constexpr,
+    CAP: tl.constexpr, SCALE_MODE: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+    EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr,
+    RCEIL_FRAC: tl.constexpr, RCEIL_ZERO: tl.constexpr,
+):
+    """_tl_quantize.quantize_rows_thread_kernel's outputs from x as int32 words [B, R, C / 2]
+    (unit stride, strides in words; C % BLOCK == 0, BLOCK in 8..64, fp6: 32 or 64): one whole
+    block per thread, read as 16-byte chunks of 4 words. Scale [B*R, blocks_c]; data
+    [B*R, row_bytes]. CAP: bf16 bits of max_normal."""
+    b, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
+    rows, blocks, ok2, first = chunk_tile(tr, tc, R, blocks_c, BLOCK // 2, 4, TILE_R, TILE_NB)
+    ok = ok2[:, :, None, None]
+    x = tl.load(x_ptr + b * stride_b + rows[None, :, None, None] * stride_r + first
+                + tl.arange(0, 4)[None, None, None, :], mask=ok, other=0)  # [NB, TR, NCH, 4]
+    lo, hi = _half_bits(_pair_max(_pair_max(x & 0x7FFF7FFF, 3, PTX), 2, PTX))
+    byte = scale_byte(tl.maximum(lo, hi), SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC,
+                      RCEIL_ZERO)  # [NB, TR]
+    line = b * R + rows  # [TR]
+    tl.store(scale_ptr + line[None, :] * blocks_c + blocks[:, None], byte.to(tl.uint8), mask=ok2)
+    inverse, cap, sign = _block_operands(byte, byte, PTX, BITS, MBITS, CAP)
+    codes = _encode_pairs(x, inverse[:, :, None, None], cap[:, :, None, None],
+                          sign[:, :, None, None], ENCODE, PTX, BITS, MBITS, EMIN, MAX_NORMAL)
+    NB: tl.constexpr = TILE_NB
+    NCH: tl.constexpr = BLOCK // 8
+    row_ptr = data_ptr + line * row_bytes  # [TR]
+    evens, odds = tl.split(tl.reshape(codes, [NB, TILE_R, NCH, 2, 2]))  # words (0, 2), (1, 3)
+    if CPG == 2:  # a word's two codes are one byte; a chunk's four bytes one int32
+        bytes_even = (evens | (evens >> 12)) & 0xFF
+        bytes_odd = (odds | (odds >> 12)) & 0xFF
+        pairs = bytes_even | (bytes_odd << 8)  # [NB, TR, NCH, 2]: bytes (0, 1), (2, 3)
+        low, high = tl.split(pairs)
+        ptr32 = row_ptr.to(tl.pointer_type(tl.int32))[None, :, None] \
+            + blocks[:, None, None] * (BLOCK // 8) + tl.arange(0, NCH)[None, None, :]
+        tl.store(ptr32, low | (high << 16), mask=ok2[:, :, None])
+    else:
+        store_fp6_groups(row_ptr[None, :, None, None], _fp6_group_words(evens, odds), blocks,
+                         ok, BLOCK)
+
+
+@triton.jit
 def _rows_phase_pairs(x, rows, b, tc, R, cblocks, scale_ptr, data_ptr, blocks_c, row_bytes,
                       A: tl.constexpr, NBC: tl.constexpr, BLOCK: tl.constexpr, CPG: tl.constexpr,
                       WORDS: tl.constexpr, ENCODE: tl.constexpr, PTX: tl.constexpr,
@@ -183,7 +236,7 @@ def _rows_phase_pairs(x, rows, b, tc, R, cblocks, scale_ptr, data_ptr, blocks_c,
     else:  # two words' four codes are one 3-byte group
         G: tl.constexpr = BLOCK // 4
         first, second = tl.split(tl.reshape(codes, [A, NBC, G, 2]))
-        word = ((first | (first >> 10)) & 0xFFF) | (((second | (second >> 10)) & 0xFFF) << 12)
+        word = _fp6_group_words(first, second)
         q = (cblocks * G)[None, :, None] + tl.arange(0, G)[None, None, :]
         limit = row_bytes // 3
         store_group_words(rows_ptr, word, q, tc * (NBC * G), limit, row_ok,

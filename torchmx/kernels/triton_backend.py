@@ -36,6 +36,9 @@ __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "T
 TUNING: Dict[str, Dict[str, int]] = {
     "quantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
     "quantize_rows_thread": {"blocks": 128, "row_blocks": 32, "num_warps": 4},
+    # quantize_rows_thread's tile for bf16 inputs of fp4 / fp6 with round half to even
+    # (_tl_quantize_pairs); enabled 0: quantize_rows_thread instead.
+    "quantize_rows_pairs": {"blocks": 128, "row_blocks": 32, "num_warps": 4, "enabled": 1},
     "quantize_cols": {"elements_per_thread": 64, "num_warps": 4},
     "quantize_fused": {"row_blocks": 1, "col_blocks": 2, "vec": 8, "num_warps": 1, "encode": 2,
                        "maxnreg": 168},
@@ -53,6 +56,7 @@ _DEFAULT_TUNING = {kind: dict(cfg) for kind, cfg in TUNING.items()}
 _INTERPRETER_TUNING: Dict[str, Dict[str, int]] = {
     "quantize_rows": {"elements": 65536, "columns": 1024, "num_warps": 4},
     "quantize_rows_thread": {"blocks": 2048, "row_blocks": 64, "num_warps": 4},
+    "quantize_rows_pairs": {"blocks": 2048, "row_blocks": 64, "num_warps": 4, "enabled": 1},
     "quantize_cols": {"elements_per_thread": 256, "num_warps": 4, "blocks": 64},
     "quantize_fused": {"row_blocks": 4, "col_blocks": 16, "vec": 8, "num_warps": 4, "encode": 2},
     "quantize_fused_pairs": {"row_blocks": 4, "col_blocks": 16, "vec": 4, "num_warps": 4,
@@ -220,13 +224,18 @@ def _rows_tile(kind: str, block_p: int, blocks: int, rows: int):
 def _thread_rows(elem_size: int, block_size: int, n: int, cpg: int, unit_stride: bool):
     """CW (elements per 16-byte load) when quantize_rows_thread_kernel applies (blocks of 8 to
     64 along a unit-stride dim that they divide; fp6, stored 32 codes at a time, with blocks of
-    32 or 64 and 16-bit elements), else None."""
+    32 or 64), else None.
+
+    fp32 inputs take it for fp6 only. A thread then holds 128 input bytes per block, and
+    with fp8 / MXINT8 / fp4 codes quantize_rows_kernel (a block over several threads, whole
+    sectors per load) was faster on an H100: 99.6% / 99.4% / 92.1% of copy against 62-86%
+    (docs/performance.md). For fp6 it is the other way round (89% against 46%)."""
     cw = 16 // elem_size
     if os.environ.get("TORCHMX_TRITON_THREAD_ROWS", "1") == "0" or not unit_stride:
         return None
     if block_size not in (8, 16, 32, 64) or block_size % cw or n % block_size:
         return None
-    if cpg == 4 and (cw != 8 or block_size % 32):
+    if cpg == 4 and block_size % 32 or elem_size == 4 and cpg != 4:
         return None
     return cw
 
@@ -302,7 +311,10 @@ def _launch_quantize(x3, view, strides, scale, data, fmt, block_size, scale_mode
                   ROUNDING=ROUNDING_MODES.index(rounding), **_format_constants(fmt))
     cw = _thread_rows(x3.element_size(), block_size, C, cpg,
                       strides[2] == 1 or C == 1) if blocks_on_c else None
-    if cw is not None:
+    if cw is not None and cpg == fmt.codes_per_group \
+            and _pairs_apply(x3, view, strides, fmt, rounding, "quantize_rows_pairs"):
+        _quantize_rows_pairs(x3, view, strides, scale, data, fmt, block_size, scale_mode)
+    elif cw is not None:
         common.pop("BLOCK_P")
         tile_r, tile_nb, warps = _thread_rows_tile("quantize_rows_thread", blocks, B * R)
         tiles_r, tiles_c = _cdiv(R, tile_r), _cdiv(blocks, tile_nb)
@@ -463,7 +475,7 @@ def quantize_rowwise_colwise(x: torch.Tensor, elem_dtype: dtypes.DType, block_si
     data_c = torch.empty(dc_shape, dtype=fmt.storage_dtype, device=dev)
     x3, (B, R, C), strides = _view_cols(x, axis_c)
     cpg = fmt.codes_per_group
-    if _pairs_apply(x3, (B, R, C), strides, fmt, rounding):
+    if _pairs_apply(x3, (B, R, C), strides, fmt, rounding, "quantize_fused_pairs"):
         _quantize_fused_pairs(x3, (B, R, C), strides, fmt, block_size, scale_mode, scale_r,
                               data_r, scale_c, data_c)
         return (scale_r, data_r), (scale_c, data_c)
@@ -502,12 +514,14 @@ def quantize_rowwise_colwise(x: torch.Tensor, elem_dtype: dtypes.DType, block_si
     return (scale_r, data_r), (scale_c, data_c)
 
 
-def _pairs_apply(x3: torch.Tensor, shape, strides, fmt: dtypes.DType, rounding: str) -> bool:
-    """Whether the fused pass runs on bf16 pairs (_tl_quantize_pairs): bf16 input, a format it
-    is exact for, round half to even, x readable as aligned int32 words (unit stride along an
-    even number of columns, even strides, a 4-byte aligned start), and a GPU with the PTX it
-    needs (add.rn.bf16x2, min.u16x2: sm_90) or the interpreter."""
-    if not _tuning("quantize_fused_pairs")["enabled"] or rounding != "even":
+def _pairs_apply(x3: torch.Tensor, shape, strides, fmt: dtypes.DType, rounding: str,
+                 kind: str) -> bool:
+    """Whether kernel `kind` (quantize_rows_pairs, quantize_fused_pairs) may run on bf16 pairs
+    (_tl_quantize_pairs): enabled in TUNING, bf16 input, a format it is exact for, round half
+    to even, x readable as aligned int32 words (unit stride along an even number of columns,
+    even strides, a 4-byte aligned start), and a GPU with the PTX it needs (add.rn.bf16x2,
+    min.u16x2: sm_90) or the interpreter."""
+    if not _tuning(kind)["enabled"] or rounding != "even":
         return False
     if not _interpreting() and torch.cuda.get_device_capability(x3.device) < (9, 0):
         return False
@@ -518,10 +532,38 @@ def _pairs_apply(x3: torch.Tensor, shape, strides, fmt: dtypes.DType, rounding: 
             and strides[1] % 2 == 0 and x3.data_ptr() % 4 == 0)
 
 
+def _pair_launch(x3, shape, strides, fmt: dtypes.DType, block_size: int, scale_mode: str):
+    """(x as int32 words, its strides in words, the constexprs both pair kernels take)."""
+    pairs = _pair_kernels()
+    ptx = not _interpreting()
+    consts = _format_constants(fmt)
+    words = x3.as_strided(shape, strides).view(torch.int32)
+    return words, (strides[0] // 2, strides[1] // 2), dict(
+        ENCODE=pairs.encode_pairs_ptx(fmt) if ptx else "", PTX=ptx, BLOCK=block_size,
+        CPG=fmt.codes_per_group, CAP=_f32_bits(consts["MAX_NORMAL"]) >> 16,
+        SCALE_MODE=SCALE_MODES.index(scale_mode), BITS=consts["BITS"], MBITS=consts["MBITS"],
+        EMIN=consts["EMIN"], EMAX=consts["EMAX"], MAX_NORMAL=consts["MAX_NORMAL"],
+        RCEIL_FRAC=consts["RCEIL_FRAC"], RCEIL_ZERO=consts["RCEIL_ZERO"])
+
+
+def _quantize_rows_pairs(x3, shape, strides, scale, data, fmt, block_size, scale_mode):
+    B, R, C = shape
+    blocks = C // block_size
+    tile_r, tile_nb, warps = _thread_rows_tile("quantize_rows_pairs", blocks, B * R)
+    tiles_r, tiles_c = _cdiv(R, tile_r), _cdiv(blocks, tile_nb)
+    grid, grid_kind = _grid(B, tiles_r, tiles_c)
+    words, (stride_b, stride_r), consts = _pair_launch(x3, shape, strides, fmt, block_size,
+                                                      scale_mode)
+    _pair_kernels().quantize_rows_pairs_kernel[grid](
+        words, scale, data, R, stride_b, stride_r, tiles_r, tiles_c, blocks,
+        packed_length(C, fmt), TILE_R=tile_r, TILE_NB=tile_nb,
+        I64=_needs_i64(_span(x3), x3.numel(), data.numel(), scale.numel()), GRID=grid_kind,
+        num_warps=warps, **consts)
+
+
 def _quantize_fused_pairs(x3, shape, strides, fmt, block_size, scale_mode, scale_r, data_r,
                           scale_c, data_c):
     B, R, C = shape
-    W = C // 2
     cpg = fmt.codes_per_group
     cfg = _tuning("quantize_fused_pairs")
     blocks_r, blocks_c = _cdiv(R, block_size), _cdiv(C, block_size)
@@ -529,20 +571,13 @@ def _quantize_fused_pairs(x3, shape, strides, fmt, block_size, scale_mode, scale
     nbc = max(1, min(_next_pow2(blocks_c), cfg["col_blocks"]))
     tiles_r, tiles_c = _cdiv(blocks_r, nbr), _cdiv(blocks_c, nbc)
     grid, grid_kind = _grid(B, tiles_r, tiles_c)
-    pairs = _pair_kernels()
-    ptx = not _interpreting()
-    consts = _format_constants(fmt)
-    words = x3.as_strided(shape, strides).view(torch.int32)
-    pairs.quantize_fused_pairs_kernel[grid](
+    words, (stride_b, stride_r), consts = _pair_launch(x3, shape, strides, fmt, block_size,
+                                                      scale_mode)
+    _pair_kernels().quantize_fused_pairs_kernel[grid](
         words, scale_r, data_r.view(torch.uint8), scale_c.view(torch.int16),
-        data_c.view(torch.uint8).view(torch.int16), R, W, strides[0] // 2, strides[1] // 2,
+        data_c.view(torch.uint8).view(torch.int16), R, C // 2, stride_b, stride_r,
         tiles_r, tiles_c, blocks_r, blocks_c, _cdiv(R, cpg), packed_length(C, fmt),
-        ENCODE=pairs.encode_pairs_ptx(fmt) if ptx else "", PTX=ptx, BLOCK=block_size,
         TILE_NBR=nbr, TILE_NBC=nbc, VEC=min(cfg["vec"], block_size // 2),
         I64=_needs_i64(_span(x3), x3.numel(), data_r.numel(), data_c.numel()),
-        GRID=grid_kind, CPG=cpg, WORDS=_fp6_words(cpg, block_size, C),
-        CAP=_f32_bits(consts["MAX_NORMAL"]) >> 16, SCALE_MODE=SCALE_MODES.index(scale_mode),
-        BITS=consts["BITS"], MBITS=consts["MBITS"], EMIN=consts["EMIN"], EMAX=consts["EMAX"],
-        MAX_NORMAL=consts["MAX_NORMAL"], RCEIL_FRAC=consts["RCEIL_FRAC"],
-        RCEIL_ZERO=consts["RCEIL_ZERO"], num_warps=cfg["num_warps"],
-        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
+        GRID=grid_kind, WORDS=_fp6_words(cpg, block_size, C), num_warps=cfg["num_warps"],
+        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}), **consts)

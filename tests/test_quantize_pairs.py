@@ -1,10 +1,11 @@
-"""The fused row + column quantize pass on bf16 pairs (kernels/_tl_quantize_pairs.py).
+"""The quantize kernels on bf16 pairs (kernels/_tl_quantize_pairs.py): blocks along the last
+dim, and the fused row + column pass.
 
-Its encode runs as inline PTX, which Triton's interpreter cannot run: on CPU the kernel encodes
-with _tl_quantize._codes_rne instead, and the PTX text is checked here by an emulator
+Their encode runs as inline PTX, which Triton's interpreter cannot run: on CPU the kernels
+encode with _tl_quantize._codes_rne instead, and the PTX text is checked here by an emulator
 (tests/ptx_emulator.py) against the reference for every bf16 value and every scale byte. On a
-GPU the same tests run the real kernel. The fused tests of test_triton_quantize.py and
-test_fused_quantize_extra.py reach this kernel too, through their bf16 inputs.
+GPU the same tests run the real kernels. The bf16 tests of test_triton_quantize.py and
+test_fused_quantize_extra.py reach these kernels too.
 """
 
 import pytest
@@ -106,6 +107,13 @@ def test_the_ptx_pair_max_is_a_per_half_max():
     assert torch.equal(out >> 16, torch.maximum(a >> 16, b >> 16))
 
 
+def _count_calls(monkeypatch, name):
+    calls = []
+    original = getattr(tb, name)
+    monkeypatch.setattr(tb, name, lambda *a: calls.append(1) or original(*a))
+    return calls
+
+
 def _check(x, fmt, block_size, scale_mode):
     got = tb.quantize_rowwise_colwise(x.to(DEVICE), fmt, block_size, scale_mode, "even", None)
     for axis, (scale, data) in zip((-1, -2), got):
@@ -122,9 +130,7 @@ CASES = [((64, 64), (32, 16, 64, 4)), ((37, 66), (32, 16)), ((2, 1, 33, 68), (32
 
 @pytest.mark.parametrize("fmt", PAIR_FORMATS, ids=lambda f: f.name)
 def test_pair_kernel_equals_the_reference(fmt, monkeypatch):
-    calls = []
-    original = tb._quantize_fused_pairs
-    monkeypatch.setattr(tb, "_quantize_fused_pairs", lambda *a: calls.append(1) or original(*a))
+    calls = _count_calls(monkeypatch, "_quantize_fused_pairs")
     expected_calls = 0
     for i, (shape, block_sizes) in enumerate(CASES):
         x = wide_range_input(shape, torch.bfloat16, seed=i)
@@ -169,12 +175,105 @@ def test_other_inputs_take_the_element_kernel(monkeypatch):
     _check(x, fmt, 32, "floor")
 
 
-def test_gpus_before_sm90_take_the_element_kernel(monkeypatch):
+@pytest.mark.parametrize("kind", ["quantize_rows_pairs", "quantize_fused_pairs"])
+def test_gpus_before_sm90_take_the_element_kernel(kind, monkeypatch):
     x = torch.zeros(4, 64, dtype=torch.bfloat16, device=DEVICE)
     view = tb._view_cols(x, 0)
-    assert tb._pairs_apply(*view, dtypes.float4_e2m1, "even") == (not GPU or PAIRS_RUN)
+    fmt = dtypes.float4_e2m1
+    assert tb._pairs_apply(*view, fmt, "even", kind) == (not GPU or PAIRS_RUN)
     monkeypatch.setattr(tb, "_interpreting", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
-    assert not tb._pairs_apply(*view, dtypes.float4_e2m1, "even")
+    assert not tb._pairs_apply(*view, fmt, "even", kind)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    assert tb._pairs_apply(*view, dtypes.float4_e2m1, "even")
+    assert tb._pairs_apply(*view, fmt, "even", kind)
+
+
+# Blocks along the last dim (quantize_rows_pairs_kernel).
+
+def _check_rows(x, fmt, block_size, scale_mode):
+    scale, data = tb.quantize(x.to(DEVICE), fmt, block_size, scale_mode, "even", x.dim() - 1,
+                              None)
+    es, ed = quantize_mx_reference(x.cpu(), fmt, block_size, scale_mode=scale_mode)
+    what = f"{fmt.name} {tuple(x.shape)} B={block_size} {scale_mode}"
+    assert torch.equal(es, scale.cpu()), "scale " + what
+    assert torch.equal(ed.view(torch.uint8), data.cpu().view(torch.uint8)), "data " + what
+
+
+ROW_CASES = [((64, 64), (8, 16, 32, 64)), ((3, 5, 128), (32, 64)), ((7, 192), (64, 32, 8)),
+             ((1, 8), (8,)), ((300, 32), (32,)), ((2, 1, 96), (32, 16))]
+
+
+@pytest.mark.parametrize("fmt", PAIR_FORMATS, ids=lambda f: f.name)
+def test_rows_pair_kernel_equals_the_reference(fmt, monkeypatch):
+    """Every scale mode and the block sizes the kernel takes (8-64 for 4-bit formats; 6-bit
+    ones are stored 32 codes at a time: 32 and 64)."""
+    calls = _count_calls(monkeypatch, "_quantize_rows_pairs")
+    expected_calls = 0
+    for i, (shape, block_sizes) in enumerate(ROW_CASES):
+        x = wide_range_input(shape, torch.bfloat16, seed=i)
+        for j, block_size in enumerate(block_sizes):
+            _check_rows(x, fmt, block_size, SCALE_MODES[(i + j) % 4])
+            expected_calls += fmt.bits == 4 or block_size % 32 == 0
+    assert len(calls) == (expected_calls if PAIRS_RUN else 0)
+
+
+@pytest.mark.parametrize("fmt", [dtypes.float4_e2m1, dtypes.float6_e2m3], ids=lambda f: f.name)
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_rows_pair_kernel_on_every_bf16_value(fmt, block_size, monkeypatch):
+    """Every bf16 bit pattern (NaN and Inf too), shuffled into rows of 64: blocks mixing
+    magnitudes, NaN-scale blocks next to finite ones, every scale mode."""
+    if fmt.bits == 6 and block_size == 8:
+        block_size = 64
+    calls = _count_calls(monkeypatch, "_quantize_rows_pairs")
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    perm = torch.randperm(bits.numel(), generator=torch.Generator().manual_seed(block_size))
+    x = bits[perm].view(torch.bfloat16).view(-1, 64)
+    for scale_mode in SCALE_MODES:
+        _check_rows(x, fmt, block_size, scale_mode)
+    assert len(calls) == (4 if PAIRS_RUN else 0)
+
+
+@pytest.mark.parametrize("fmt", [dtypes.float4_e2m1, dtypes.float6_e3m2], ids=lambda f: f.name)
+def test_rows_pair_kernel_on_strided_views_and_other_tiles(fmt, monkeypatch):
+    calls = _count_calls(monkeypatch, "_quantize_rows_pairs")
+    base = wide_range_input((80, 140), torch.bfloat16, seed=5).to(DEVICE)  # views stay views
+    batched = wide_range_input((4, 20, 100), torch.bfloat16, seed=6).to(DEVICE)
+    views = {
+        "row slice": base[5:69, :128],  # even strides, 4-byte aligned start
+        "column slice from 2": base[:, 2:130],
+        "every other row": base[::2, 4:68],
+        "batch and row slices": batched[1:, 3:17, 2:98],
+        "expanded batch": base[:8, :64].expand(3, 8, 64),  # batch stride 0
+    }
+    for name, x in views.items():
+        assert not x.is_contiguous() and x.data_ptr() % 4 == 0, name
+        _check_rows(x, fmt, 32, "floor")
+    monkeypatch.setitem(tb.TUNING, "quantize_rows_pairs",
+                        {"blocks": 8, "row_blocks": 2, "num_warps": 1, "enabled": 1})
+    _check_rows(views["row slice"], fmt, 32, "ceil")
+    _check_rows(views["batch and row slices"], fmt, 32, "rceil")
+    assert len(calls) == (len(views) + 2 if PAIRS_RUN else 0)
+
+
+def test_other_rows_inputs_take_the_element_kernel(monkeypatch):
+    """fp16 / fp32 inputs, other roundings and formats, misaligned starts and odd strides go
+    to quantize_rows_thread_kernel (and stay exact); so does everything with the pair kernel
+    disabled."""
+    monkeypatch.setattr(tb, "_quantize_rows_pairs", None)  # would fail if called
+    fmt = dtypes.float4_e2m1
+    base = wide_range_input((33, 66), torch.bfloat16, seed=9).to(DEVICE)
+    x = base[:32, :64]
+    _check_rows(x.float(), fmt, 32, "floor")
+    _check_rows(x.half(), fmt, 32, "floor")
+    _check_rows(x, dtypes.float8_e4m3, 32, "floor")
+    _check_rows(x, dtypes.int8, 32, "floor")
+    assert base[:, 1:65].data_ptr() % 4 == 2
+    _check_rows(base[:, 1:65], fmt, 32, "floor")  # starts 2 bytes into a word
+    assert base.as_strided((32, 64), (33, 1)).stride(0) % 2 == 1
+    _check_rows(base.as_strided((32, 64), (33, 1)), fmt, 32, "floor")  # odd row stride
+    scale, data = tb.quantize(x, fmt, 32, "floor", "stochastic", 1, 3)
+    assert torch.equal(data.cpu(), quantize_mx_reference(x.cpu(), fmt, 32, rounding="stochastic",
+                                                         seed=3)[1])
+    monkeypatch.setitem(tb.TUNING, "quantize_rows_pairs", {**tb.TUNING["quantize_rows_pairs"],
+                                                           "enabled": 0})
+    _check_rows(x, fmt, 32, "floor")
