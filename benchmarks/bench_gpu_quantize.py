@@ -53,8 +53,8 @@ def bench(fn) -> float:
     """Milliseconds of fn() on the device: the median over replays of a CUDA graph of many
     calls. Device time only: launched one by one, a call's host work (Python, allocation,
     Triton's launch) took about as long as its kernel, or longer, on the H100 host at this
-    size, leaving the GPU idle, which do_bench (one call per L2 flush) then counted. Functions that cannot be captured
-    (some baselines) fall back to do_bench, with a note."""
+    size, leaving the GPU idle, which do_bench (one call per L2 flush) then counted.
+    Functions that cannot be captured (some baselines) fall back to do_bench, with a note."""
     try:
         return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
     except Exception as error:  # noqa: BLE001 - e.g. a baseline that syncs with the host
