@@ -183,8 +183,13 @@ def test_fold_scales():
 
 # ---------------------------------------------------------------------------------- kernel
 
-CONFIGS = {  # every code path: V, U, split (even, uneven, none), NONEMPTY, block_m
+CONFIGS = {  # every code path: V, U, split (even, uneven, none), NONEMPTY, block_m, loads
+    # one or two steps ahead, a register cap
     "v1u2s3": fm.FragmentConfig(16, 1, 2, 3),
+    "v1u2s3a1": fm.FragmentConfig(16, 1, 2, 3, ahead=1),
+    "v1u2s3a2": fm.FragmentConfig(16, 1, 2, 3, ahead=2, maxnreg=96),
+    "v2u1s2a2": fm.FragmentConfig(32, 2, 1, 2, ahead=2),
+    "v1u1s5a2": fm.FragmentConfig(16, 1, 1, 5, ahead=2),
     "v2u1s2": fm.FragmentConfig(32, 2, 1, 2),
     "v1u1s1": fm.FragmentConfig(16, 1, 1, 1),
     "v2u2s4ne": fm.FragmentConfig(64, 2, 2, 4, nonempty=True),
@@ -263,6 +268,8 @@ def test_config_rejects_impossible_launches():
         fm.FragmentConfig(16, 3, 2, 1)
     with pytest.raises(ValueError, match="split"):
         fm.FragmentConfig(16, 1, 2, 0)
+    with pytest.raises(ValueError, match="ahead"):
+        fm.FragmentConfig(16, 1, 2, 1, ahead=3)
     x, w = integer_operands("float4_e2m1", 17, 64, 128)
     with pytest.raises(ValueError, match="does not fit"):
         run(x, w, None, fm.FragmentConfig(16, 1, 2, 1))

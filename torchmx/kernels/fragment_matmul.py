@@ -15,16 +15,23 @@ call non-reentrant for one weight: two calls on one weight must not run concurre
 different streams.
 
 Triton details that keep W in registers (the ttgir has no convert_layout for it):
-- W is loaded as [4 (warp), V, U, 128 (lane, word)] int32: Triton's default layout for that
-  shape (16 bytes a thread, lanes along the last dim, warps along dim 0) is, after the reshape
-  in `_decode_tile`, exactly the dot-operand layout.
+- Each lane loads its 4 code words of a 64 x 64 chunk ([4 (warp), V, U, 32 (lane)] pointers,
+  one 16-byte load) and its scale word in one inline-PTX call with one output per word, joined
+  as the last dim: Triton's layout for [4, V, U, 32, 4] is then, after the permute in
+  `_decode_tile`, exactly the dot-operand layout, whatever order layout propagation gives a
+  thread's registers.
 - The decode is inline PTX on one int32 word returning 8 bf16 halves (pack=1): packing several
   words per call would group registers in whatever order layout propagation chose.
-- W is loaded through inline PTX (`ld.global.nc`), out of reach of Triton's software pipeliner,
-  which would otherwise stage it through shared memory with cp.async; the next step's words
-  are loaded before this step's decode instead.
-Under Triton's interpreter (CPU tests) the loads are plain and `_decode_reference` decodes the
-same bit program with fp32 arithmetic.
+- W is loaded through inline PTX, out of reach of Triton's software pipeliner, which would
+  otherwise stage it through shared memory with cp.async. The loads are plain (coherent)
+  `ld.global`, not `ld.global.nc`: ptxas may not move a coherent load past the loop's
+  `bar.sync`, so the loads of step i + AHEAD stay at the top of step i and are in flight
+  during its decode and dots (ptxas moved non-coherent ones to the end of the loop body, where
+  they hid nothing). One step ahead, a program's last step reads into the storage's padding;
+  two steps ahead (AHEAD = 2, the default up to 16 rows), the loads past its range are
+  predicated off.
+Under Triton's interpreter (CPU tests) the loads are masked tl.loads and `_decode_reference`
+decodes the same bit program with fp32 arithmetic.
 """
 
 import functools
@@ -62,8 +69,11 @@ _SPLIT_HALVES = "".join(f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, p{j};\n" for j in 
 DECODE_FOLDED = tl.constexpr(_DECODE + _ONE_MULTIPLY + _SPLIT_HALVES)
 DECODE_TWO_MULTIPLIES = tl.constexpr(_DECODE + _TWO_MULTIPLIES + _SPLIT_HALVES)
 _DECODE_CONSTRAINTS = tl.constexpr("=h,=h,=h,=h,=h,=h,=h,=h,r,r")
-_LOAD_128 = tl.constexpr("ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];")
-_LOAD_32 = tl.constexpr("ld.global.nc.L1::no_allocate.u32 $0, [$1];")
+# A lane's 4 code words and its scale word, where $7 != 0 (else the outputs are undefined).
+_LOAD_STEP = tl.constexpr(
+    "{ .reg .pred p; setp.ne.b32 p, $7, 0; "
+    "@p ld.global.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$5]; "
+    "@p ld.global.L1::no_allocate.u32 $4, [$6]; }")
 
 
 @triton.jit
@@ -126,27 +136,34 @@ def _decode_asm(word, multiplier, FOLD: tl.constexpr):
 
 @triton.jit
 def _pointers(codes_ptr, scales_ptr, nb, kb, KB, V: tl.constexpr, U: tl.constexpr):
-    """int32 pointers to the code words [4 (warp), V, U, 128 (lane, word)] and the scale words
-    [4, V, U, 32 (lane)] of W's chunks (nb .. nb + V) x (kb .. kb + U); a lane's scale word
-    holds the bytes of its 4 code words."""
+    """int32 pointers [4 (warp), V, U, 32 (lane)] to each lane's 4 code words and to its scale
+    word in W's chunks (nb .. nb + V) x (kb .. kb + U); a lane's scale word holds the bytes of
+    its 4 code words."""
     iw = tl.arange(0, 4)[:, None, None, None]
     iv = tl.arange(0, V)[None, :, None, None]
     iu = tl.arange(0, U)[None, None, :, None]
+    lane = tl.arange(0, 32)[None, None, None, :]
     chunk = ((nb + iv) * KB + kb + iu) * 4 + iw
-    words = codes_ptr.to(tl.pointer_type(tl.int32)) + chunk * 128 + tl.arange(0, 128)
-    scale_words = scales_ptr.to(tl.pointer_type(tl.int32)) + chunk * 8 + tl.arange(0, 32) // 4
+    words = codes_ptr.to(tl.pointer_type(tl.int32)) + chunk * 128 + lane * 4
+    scale_words = scales_ptr.to(tl.pointer_type(tl.int32)) + chunk * 8 + lane // 4
     return words, scale_words
 
 
 @triton.jit
-def _load(words_ptr, scale_words_ptr, INTERPRETER: tl.constexpr):
+def _load(words_ptr, scale_words_ptr, cond, INTERPRETER: tl.constexpr):
+    """Where the scalar cond holds: each lane's code words [4, V, U, 32, 4 (word q)] and scale
+    words [4, V, U, 32]; else undefined values."""
     if INTERPRETER:
-        return tl.load(words_ptr), tl.load(scale_words_ptr)
+        q = tl.arange(0, 4)[None, None, None, None, :]
+        return (tl.load(words_ptr[:, :, :, :, None] + q, mask=cond, other=0),
+                tl.load(scale_words_ptr, mask=cond, other=0))
     else:
-        words = tl.inline_asm_elementwise(_LOAD_128, "=r,=r,=r,=r,l,l,l,l", [words_ptr],
-                                          dtype=tl.int32, is_pure=False, pack=4)
-        scale_words = tl.inline_asm_elementwise(_LOAD_32, "=r,l", [scale_words_ptr],
-                                                dtype=tl.int32, is_pure=False, pack=1)
+        c = tl.zeros(words_ptr.shape, tl.int32) + cond.to(tl.int32)
+        w0, w1, w2, w3, scale_words = tl.inline_asm_elementwise(
+            _LOAD_STEP, "=r,=r,=r,=r,=r,l,l,r", [words_ptr, scale_words_ptr, c],
+            dtype=(tl.int32,) * 5, is_pure=False, pack=1)
+        # join(join(w0, w2), join(w1, w3))[..., i, j] is word 2 i + j
+        words = tl.join(tl.join(w0, w2), tl.join(w1, w3)).reshape(w0.shape + (4,))
         return words, scale_words
 
 
@@ -154,7 +171,7 @@ def _load(words_ptr, scale_words_ptr, INTERPRETER: tl.constexpr):
 def _decode_tile(words, scale_words, V: tl.constexpr, U: tl.constexpr, FOLD: tl.constexpr,
                  INTERPRETER: tl.constexpr):
     """W's tile [64 V, 64 U] from the loaded words: bf16 (fp32 in the interpreter)."""
-    words = words.reshape(4, V, U, 32, 4)  # warp, V, U, lane, word q
+    # words: [4 (warp), V, U, 32 (lane), 4 (word q)]
     q = tl.arange(0, 4)[None, None, None, None, :]
     s = (scale_words[:, :, :, :, None] >> (8 * q)) & 0xFF
     if INTERPRETER:
@@ -170,11 +187,19 @@ def _decode_tile(words, scale_words, V: tl.constexpr, U: tl.constexpr, FOLD: tl.
 
 
 @triton.jit
+def _dot(w, x, acc, INTERPRETER: tl.constexpr):
+    if INTERPRETER:
+        return acc + tl.dot(w, tl.trans(x).to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(w, tl.trans(x), acc)
+
+
+@triton.jit
 def fp4_fragment_matmul_kernel(
     x_ptr, codes_ptr, scales_ptr, bias_ptr, out_ptr, partials_ptr, counters_ptr,
     M, N, K, steps, stride_xm, stride_om,
     BLOCK_M: tl.constexpr, V: tl.constexpr, U: tl.constexpr, SPLIT: tl.constexpr,
-    FOLD: tl.constexpr, HAS_BIAS: tl.constexpr, NONEMPTY: tl.constexpr,
+    FOLD: tl.constexpr, HAS_BIAS: tl.constexpr, NONEMPTY: tl.constexpr, AHEAD: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
     """Program (tile of 64 V rows of W, part of K): out[m, n] for all m < M <= BLOCK_M. N is a
@@ -196,22 +221,38 @@ def fp4_fragment_matmul_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     words_ptr, scale_words_ptr = _pointers(codes_ptr, scales_ptr, pid_n * V, first * U, K // 64,
                                            V, U)
-    words, scale_words = _load(words_ptr, scale_words_ptr, INTERPRETER)
-    for _ in range(count):
-        # the next step's words (past this program's range at its last step: the storage is
-        # padded for it), in flight during this step's decode and dot
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    if AHEAD == 1:
+        always = tl.full([], 1, tl.int32) > 0
+        words, scale_words = _load(words_ptr, scale_words_ptr, always, INTERPRETER)
+        for _ in range(count):
+            # the next step's words (past this program's range at its last step: the storage is
+            # padded for it), in flight during this step's decode and dots
+            words_ptr += U * 512
+            scale_words_ptr += U * 32
+            next_words, next_scale_words = _load(words_ptr, scale_words_ptr, always, INTERPRETER)
+            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            w = _decode_tile(words, scale_words, V, U, FOLD, INTERPRETER)
+            acc = _dot(w, x, acc, INTERPRETER)
+            x_ptrs += BLOCK_K
+            words, scale_words = next_words, next_scale_words
+    else:
+        # two steps ahead: the words of step i + 2 are loaded at the top of step i (none past
+        # this program's range)
+        words, scale_words = _load(words_ptr, scale_words_ptr, count > 0, INTERPRETER)
         words_ptr += U * 512
         scale_words_ptr += U * 32
-        next_words, next_scale_words = _load(words_ptr, scale_words_ptr, INTERPRETER)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None],
-                    other=0.0)
-        w = _decode_tile(words, scale_words, V, U, FOLD, INTERPRETER)
-        if INTERPRETER:
-            acc += tl.dot(w, tl.trans(x).to(tl.float32), input_precision="ieee")
-        else:
-            acc = tl.dot(w, tl.trans(x), acc)
-        offs_k += BLOCK_K
-        words, scale_words = next_words, next_scale_words
+        words1, scale_words1 = _load(words_ptr, scale_words_ptr, count > 1, INTERPRETER)
+        for i in range(count):
+            words_ptr += U * 512
+            scale_words_ptr += U * 32
+            words2, scale_words2 = _load(words_ptr, scale_words_ptr, i + 2 < count, INTERPRETER)
+            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            w = _decode_tile(words, scale_words, V, U, FOLD, INTERPRETER)
+            acc = _dot(w, x, acc, INTERPRETER)
+            x_ptrs += BLOCK_K
+            words, scale_words = words1, scale_words1
+            words1, scale_words1 = words2, scale_words2
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = offs_m[None, :]
     cols = offs_n[:, None]
@@ -242,7 +283,9 @@ def fp4_fragment_matmul_kernel(
 @dataclass(frozen=True)
 class FragmentConfig:
     """Launch parameters: activation rows per program (16, 32 or 64), a tile of 64 V rows x
-    64 U columns of W per step, K split over `split` programs."""
+    64 U columns of W per step, K split over `split` programs, W's words loaded `ahead` (1 or
+    2) steps before their decode, and a cap on registers per thread (`maxnreg`, None: ptxas
+    chooses) that keeps enough programs on each SM."""
     block_m: int
     v: int
     u: int
@@ -250,6 +293,8 @@ class FragmentConfig:
     num_warps: int = 4
     num_stages: int = 3
     nonempty: bool = False
+    ahead: int = 1
+    maxnreg: Optional[int] = None
 
     def __post_init__(self):
         if self.block_m not in (16, 32, 64):
@@ -260,6 +305,8 @@ class FragmentConfig:
                                  f"{getattr(self, name)!r}")
         if not isinstance(self.split, int) or self.split < 1:
             raise ValueError(f"FragmentConfig: split must be a positive int, got {self.split!r}")
+        if self.ahead not in (1, 2):
+            raise ValueError(f"FragmentConfig: ahead must be 1 or 2, got {self.ahead!r}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -276,15 +323,17 @@ def usable_on(device: torch.device) -> bool:
     return _capability(index) == (9, 0)
 
 
-# Programs per SM for 16, 32 and 64 activation rows (tiles of 64, 128 and 128 rows of W).
-_PROGRAMS_PER_SM = {16: 8, 32: 3, 64: 2}
+# Programs per SM for 16, 32 and 64 activation rows (tiles of 64, 128 and 128 rows of W); 16
+# rows load two steps ahead, at 95 registers a thread: 5 programs fit on a SM.
+_PROGRAMS_PER_SM = {16: 5, 32: 3, 64: 2}
 
 
 def default_config(M: int, N: int, K: int, device: torch.device) -> FragmentConfig:
-    """From the N = K = 8192 sweep on an H100 (benchmarks/bench_gpu_matmul.py --sweep): up to
-    16 rows, 64-row tiles of W with K split so that about 8 programs share each SM; above,
-    128-row tiles (the wgmma bookkeeping amortized over twice the rows) at 2 or 3 a SM, and
-    for 64 rows two warpgroups of 64 rows each."""
+    """From N = K = 8192 sweeps on an H100 (benchmarks/bench_gpu_matmul.py --sweep and
+    interleaved A/B timings): up to 16 rows, 64-row tiles of W loaded two steps ahead, with K
+    split so that about 5 programs share each SM; above, 128-row tiles (the wgmma bookkeeping
+    amortized over twice the rows) loaded one step ahead at 2 or 3 a SM, and for 64 rows two
+    warpgroups of 64 rows each."""
     block_m = _block_m(M)
     v = 1 if block_m == 16 or N % 128 else 2
     u = 2 if K % 128 == 0 else 1
@@ -292,7 +341,10 @@ def default_config(M: int, N: int, K: int, device: torch.device) -> FragmentConf
     tiles = N // (64 * v)
     programs = _PROGRAMS_PER_SM[block_m] * _sm_count(device)
     split = max(1, min(steps, round(programs / tiles)))
-    return FragmentConfig(block_m, v, u, split, num_warps=8 if block_m == 64 and v == 2 else 4)
+    # 32 rows: ptxas takes 178 registers a thread, which leaves 2 programs a SM, not 3
+    maxnreg = 168 if block_m == 32 else None
+    return FragmentConfig(block_m, v, u, split, num_warps=8 if block_m == 64 and v == 2 else 4,
+                          ahead=2 if block_m == 16 else 1, maxnreg=maxnreg)
 
 
 def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
@@ -321,6 +373,7 @@ def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
         x, codes, scales, bias if bias is not None else out, out, partials, counters,
         M, N, K, steps, x.stride(0), out.stride(0),
         BLOCK_M=cfg.block_m, V=cfg.v, U=cfg.u, SPLIT=split, FOLD=fold,
-        HAS_BIAS=bias is not None, NONEMPTY=cfg.nonempty and not interpreter,
-        INTERPRETER=interpreter, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        HAS_BIAS=bias is not None, NONEMPTY=cfg.nonempty and not interpreter, AHEAD=cfg.ahead,
+        INTERPRETER=interpreter, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({} if cfg.maxnreg is None or interpreter else {"maxnreg": cfg.maxnreg}))
     return out
