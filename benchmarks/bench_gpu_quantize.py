@@ -12,7 +12,7 @@ replays of a CUDA graph of many calls: device time, without the host's launch wo
 Bandwidth counts the bytes a perfect kernel moves: the input read once and every output
 written once. "copy" is an elementwise kernel writing the input's bits to another buffer
 (x * 1), timed the same way; the target is 90% of it (85% for the fused row + column pass).
-Where a case runs on a bf16-pair kernel (_tl_quantize_pairs), a "quant elem" / "fused elem"
+Where a case runs on a pair kernel (_tl_quantize_pairs), a "quant elem" / "fused elem"
 row follows it: the same case on the per-element kernel, checked equal, for comparison.
 
 Baselines, where they run: torch.compile of the reference numerics (quantize_mx_reference /

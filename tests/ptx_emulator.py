@@ -1,11 +1,13 @@
 """A CPU emulator of the few PTX instructions that torchmx's inline assembly uses, so that the
 PTX text that only a GPU runs is still checked on CPU, against the reference numerics.
 
-Registers are int64 tensors holding 32-bit patterns. bf16x2 arithmetic runs per half in
-float64 (exact for these operands: products and sums of bf16 values whose exponents the
-kernels keep close) and is rounded once to bf16 (through fp32, exactly: the results fit fp32).
+Registers are int64 tensors holding 32-bit patterns. bf16x2 and f16x2 arithmetic runs per half
+in float64 (exact for these operands: products and sums of 16-bit values whose exponents the
+kernels keep close) and is rounded once: to bf16 through fp32 (exactly: the results fit fp32),
+to fp16 by numpy's float64 -> float16 conversion (one rounding, subnormals included).
 """
 
+import numpy as np
 import torch
 
 MASK32 = 0xFFFFFFFF
@@ -19,6 +21,15 @@ def _bf16_bits(value: torch.Tensor) -> torch.Tensor:
     return value.to(torch.float32).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
 
 
+def _f16(bits: torch.Tensor) -> torch.Tensor:
+    return (bits & 0xFFFF).to(torch.int16).view(torch.float16)
+
+
+def _f16_bits(value: torch.Tensor) -> torch.Tensor:
+    half = torch.from_numpy(value.numpy().astype(np.float16))
+    return half.view(torch.int16).to(torch.int64) & 0xFFFF
+
+
 def _per_half(function, *words):
     halves = [function(*[(w >> shift) & 0xFFFF for w in words]) for shift in (0, 16)]
     return halves[0] | (halves[1] << 16)
@@ -27,6 +38,11 @@ def _per_half(function, *words):
 def _bf16x2(function):
     return lambda *words: _per_half(
         lambda *h: _bf16_bits(function(*[_bf16(v).double() for v in h])), *words)
+
+
+def _f16x2(function):
+    return lambda *words: _per_half(
+        lambda *h: _f16_bits(function(*[_f16(v).double() for v in h])), *words)
 
 
 _OPS = {
@@ -42,6 +58,9 @@ _OPS = {
     "mul.rn.bf16x2": _bf16x2(lambda a, b: a * b),
     "add.rn.bf16x2": _bf16x2(lambda a, b: a + b),
     "fma.rn.bf16x2": _bf16x2(lambda a, b, c: a * b + c),
+    "mul.rn.f16x2": _f16x2(lambda a, b: a * b),
+    "add.rn.f16x2": _f16x2(lambda a, b: a + b),
+    "fma.rn.f16x2": _f16x2(lambda a, b, c: a * b + c),
 }
 
 

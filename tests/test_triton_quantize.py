@@ -281,15 +281,16 @@ def test_fp6_rows_word_and_byte_paths(fmt):
 
 
 THREAD_ROW_INPUTS = {"fp32": (torch.float32, 1), "fp16": (torch.float16, 1),
-                     "bf16": (torch.bfloat16, 1), "bf16 elements": (torch.bfloat16, 0)}
+                     "fp16 elements": (torch.float16, 0), "bf16": (torch.bfloat16, 1),
+                     "bf16 elements": (torch.bfloat16, 0)}
 
 
 @pytest.mark.parametrize("inputs", THREAD_ROW_INPUTS)
 def test_one_block_per_thread_rows_for_every_input(inputs, monkeypatch):
     """Blocks of 8-64 (fp6: 32, 64) along a unit-stride last dim are quantized one block per
     thread from 16-bit inputs, and from fp32 for fp6 (two 16-byte chunks per 8 codes; other
-    formats take quantize_rows_kernel there). bf16 inputs of fp4 / fp6 take the pair kernel
-    (test_quantize_pairs.py) unless it is disabled, as in "bf16 elements"."""
+    formats take quantize_rows_kernel there). bf16 / fp16 inputs of fp4 / fp6 take the pair
+    kernel (test_quantize_pairs.py) unless it is disabled, as in "... elements"."""
     dtype, pairs = THREAD_ROW_INPUTS[inputs]
     monkeypatch.setitem(tb.TUNING, "quantize_rows_pairs",
                         {**tb.TUNING["quantize_rows_pairs"], "enabled": pairs})

@@ -36,13 +36,13 @@ __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "T
 TUNING: Dict[str, Dict[str, int]] = {
     "quantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
     "quantize_rows_thread": {"blocks": 128, "row_blocks": 32, "num_warps": 4},
-    # quantize_rows_thread's tile for bf16 inputs of fp4 / fp6 with round half to even
+    # quantize_rows_thread's tile for bf16 / fp16 inputs of fp4 / fp6 with round half to even
     # (_tl_quantize_pairs); enabled 0: quantize_rows_thread instead.
     "quantize_rows_pairs": {"blocks": 128, "row_blocks": 32, "num_warps": 4, "enabled": 1},
     "quantize_cols": {"elements_per_thread": 64, "num_warps": 4},
     "quantize_fused": {"row_blocks": 1, "col_blocks": 2, "vec": 8, "num_warps": 1, "encode": 2,
                        "maxnreg": 168},
-    # bf16 inputs, fp4 / fp6 with round half to even; vec in words (two columns each).
+    # bf16 / fp16 inputs, fp4 / fp6 with round half to even; vec in words (two columns each).
     # maxnreg 128 keeps 16 warps on an SM (ptxas gave some scale modes 133 registers, 12 warps
     # and 8% less speed on an H100); enabled 0: the per-element kernel instead.
     "quantize_fused_pairs": {"row_blocks": 1, "col_blocks": 4, "vec": 4, "num_warps": 2,
@@ -107,6 +107,12 @@ def _cdiv(a: int, b: int) -> int:
 
 def _f32_bits(value: float) -> int:
     return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _half_float_bits(value: float, dtype: torch.dtype) -> int:
+    """The bits of `value` as a bf16 or fp16 number."""
+    return torch.tensor(value, dtype=dtype).view(torch.int16).item() & 0xFFFF
 
 
 def _rceil_constants(fmt: dtypes.DType) -> Tuple[int, int]:
@@ -516,16 +522,18 @@ def quantize_rowwise_colwise(x: torch.Tensor, elem_dtype: dtypes.DType, block_si
 
 def _pairs_apply(x3: torch.Tensor, shape, strides, fmt: dtypes.DType, rounding: str,
                  kind: str) -> bool:
-    """Whether kernel `kind` (quantize_rows_pairs, quantize_fused_pairs) may run on bf16 pairs
-    (_tl_quantize_pairs): enabled in TUNING, bf16 input, a format it is exact for, round half
-    to even, x readable as aligned int32 words (unit stride along an even number of columns,
-    even strides, a 4-byte aligned start), and a GPU with the PTX it needs (add.rn.bf16x2,
-    min.u16x2: sm_90) or the interpreter."""
+    """Whether kernel `kind` (quantize_rows_pairs, quantize_fused_pairs) may run on pairs of
+    16-bit values (_tl_quantize_pairs): enabled in TUNING, bf16 or fp16 input, a format it is
+    exact for from that input, round half to even, x readable as aligned int32 words (unit
+    stride along an even number of columns, even strides, a 4-byte aligned start), and a GPU
+    with the PTX it needs (add.rn.bf16x2, min.u16x2: sm_90) or the interpreter."""
     if not _tuning(kind)["enabled"] or rounding != "even":
         return False
     if not _interpreting() and torch.cuda.get_device_capability(x3.device) < (9, 0):
         return False
-    if x3.dtype != torch.bfloat16 or not _pair_kernels().pairs_supported(fmt):
+    pairs = _pair_kernels()
+    half = {torch.bfloat16: pairs.BF16, torch.float16: pairs.F16}.get(x3.dtype)
+    if half is None or not pairs.pairs_supported(fmt, half):
         return False
     C = shape[2]
     return (C % 2 == 0 and strides[2] == 1 and strides[0] % 2 == 0
@@ -537,10 +545,12 @@ def _pair_launch(x3, shape, strides, fmt: dtypes.DType, block_size: int, scale_m
     pairs = _pair_kernels()
     ptx = not _interpreting()
     consts = _format_constants(fmt)
+    f16 = x3.dtype == torch.float16
+    cap = _half_float_bits(float(fmt.max), x3.dtype)
     words = x3.as_strided(shape, strides).view(torch.int32)
     return words, (strides[0] // 2, strides[1] // 2), dict(
-        ENCODE=pairs.encode_pairs_ptx(fmt) if ptx else "", PTX=ptx, BLOCK=block_size,
-        CPG=fmt.codes_per_group, CAP=_f32_bits(consts["MAX_NORMAL"]) >> 16,
+        ENCODE=pairs.encode_pairs_ptx(fmt, pairs.F16 if f16 else pairs.BF16) if ptx else "",
+        PTX=ptx, F16=f16, BLOCK=block_size, CPG=fmt.codes_per_group, CAP=cap,
         SCALE_MODE=SCALE_MODES.index(scale_mode), BITS=consts["BITS"], MBITS=consts["MBITS"],
         EMIN=consts["EMIN"], EMAX=consts["EMAX"], MAX_NORMAL=consts["MAX_NORMAL"],
         RCEIL_FRAC=consts["RCEIL_FRAC"], RCEIL_ZERO=consts["RCEIL_ZERO"])
