@@ -176,7 +176,7 @@ def _block_operands(byte_lo, byte_hi, PTX: tl.constexpr, F16: tl.constexpr,
     inverse2) as half x2 / 16x2 words, inverse2 the second fp16 factor of 2**(127 - byte)
     (bf16: unused); the interpreter's encode takes the bytes (lo | hi << 16)."""
     if PTX:
-        if F16:  # two factors 2**a * 2**b, a = floor(e / 2): both normal fp16, of one sign
+        if F16:  # 2**a * 2**b, a = floor(e / 2): normal fp16 factors, both >= 1 or both <= 1
             e_lo = tl.minimum(tl.maximum(127 - byte_lo, -28), 30)  # byte 0: a zero block
             e_hi = tl.minimum(tl.maximum(127 - byte_hi, -28), 30)
             a_lo = e_lo >> 1
