@@ -13,17 +13,13 @@ for N = K = 8192 (M = 1 for the rows variant, 16 for the dots), then a few other
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
+from sass_tools import compile_sm90 as compile_kernel, instructions, opcode  # noqa: E402
 from torchmx import dtypes  # noqa: E402
 from torchmx.kernels import matmul as km  # noqa: E402
 from torchmx.kernels import matmul_kernels as mk  # noqa: E402
@@ -49,35 +45,21 @@ def compile_sm90(fmt, fast, variant, nb, block_n, num_warps=4):
                      **km._format_constants(fmt), **{name: 1 for name in UNIT_STRIDES})
     pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": "*bf16",
                 "out_ptr": "*bf16", "ws_ptr": "*fp32"}
-    names = mk.mx_weight_matmul_kernel.arg_names
-    signature = {n: "constexpr" if n in constants else pointers.get(n, "i32") for n in names}
-    source = ASTSource(
-        fn=mk.mx_weight_matmul_kernel, signature=signature,
-        constexprs={(names.index(n),): v for n, v in constants.items()},
-        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps, num_stages=2))
+    return compile_kernel(mk.mx_weight_matmul_kernel, constants, pointers, DIVISIBLE,
+                          num_warps=num_warps, num_stages=2)
 
 
 def loop_opcodes(cubin: bytes):
     """Opcodes of the longest backward-branching loop of the kernel's SASS."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    lines = instructions(cubin)
     address = [int(re.search(r"/\*([0-9a-f]{4})\*/", line).group(1), 16) for line in lines]
-    opcode = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
-              for line in lines]
     loops = []
     for i, line in enumerate(lines):
         target = re.search(r"BRA\s.*?0x([0-9a-f]+)", line)
         if target and int(target.group(1), 16) < address[i]:
             loops.append((int(target.group(1), 16), address[i]))
     start, end = max(loops, key=lambda loop: loop[1] - loop[0])
-    return [op.split(".")[0] for op, a in zip(opcode, address) if start <= a <= end]
+    return [opcode(line) for line, a in zip(lines, address) if start <= a <= end]
 
 
 def instructions_per_code(fmt, fast, cfg: km.Config):
