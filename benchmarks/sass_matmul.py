@@ -52,7 +52,7 @@ def compile_sm90(fmt, fast, variant, nb, block_n, num_warps=4):
 def loop_opcodes(cubin: bytes):
     """Opcodes of the longest backward-branching loop of the kernel's SASS."""
     lines = instructions(cubin)
-    address = [int(re.search(r"/\*([0-9a-f]{4})\*/", line).group(1), 16) for line in lines]
+    address = [int(re.search(r"/\*([0-9a-f]{4,})\*/", line).group(1), 16) for line in lines]
     loops = []
     for i, line in enumerate(lines):
         target = re.search(r"BRA\s.*?0x([0-9a-f]+)", line)

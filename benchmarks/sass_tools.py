@@ -10,7 +10,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]{4}\*/")
+INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]{4,}\*/")  # /*0a30*/, /*10a30*/
 
 
 def compile_sm90(fn, constants, pointers, divisible, **options):
