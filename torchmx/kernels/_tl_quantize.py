@@ -175,6 +175,29 @@ def store_group_words(rows_ptr, word, q, start, limit, rows_ok, ok, A: tl.conste
 
 
 @triton.jit
+def _phase_codes(x0, a0, x1, a1, x2, a2, x3, a3, byte, index, C, key, CPG: tl.constexpr,
+                 HW_FP8: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr,
+                 BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                 MAX_CODE: tl.constexpr, BIG_EMAX: tl.constexpr):
+    """_codes of the CPG phases of a tile along R (phase p: rows g * CPG + p, logical indices
+    index + p * C); the phases past CPG repeat phase 0 and go unused."""
+    c0 = _codes(x0, a0, byte, index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN,
+                MAX_CODE, BIG_EMAX)
+    c1 = c0
+    c2 = c0
+    c3 = c0
+    if CPG >= 2:
+        c1 = _codes(x1, a1, byte, index + C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN,
+                    MAX_CODE, BIG_EMAX)
+    if CPG == 4:
+        c2 = _codes(x2, a2, byte, index + 2 * C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
+                    EMIN, MAX_CODE, BIG_EMAX)
+        c3 = _codes(x3, a3, byte, index + 3 * C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
+                    EMIN, MAX_CODE, BIG_EMAX)
+    return c0, c1, c2, c3
+
+
+@triton.jit
 def _store_packed_phases(ptr, c0, c1, c2, c3, q, stride, ok, CPG: tl.constexpr, BITS: tl.constexpr):
     """Store codes packed across phases: group q holds c0..c(CPG-1) (same shape, same lanes);
     its bytes go to ptr + (q * bytes_per_group + i) * stride."""
@@ -361,6 +384,7 @@ def quantize_cols_kernel(
     x0 = load_f32(base + first[:, :, None] * stride_r, m0)
     a0 = _abs_bits(x0)
     amax = tl.max(a0, axis=1)
+    x1, a1, x2, a2, x3, a3 = x0, a0, x0, a0, x0, a0  # phases past CPG: unused
     if CPG >= 2:
         m1 = ((in_block + 1 < BLOCK) & (first + 1 < R))[:, :, None] & col_ok
         x1 = load_f32(base + (first + 1)[:, :, None] * stride_r, m1)
@@ -381,19 +405,9 @@ def quantize_cols_kernel(
     index = 0
     if ROUNDING == 4:
         index = ((b * R + first).to(tl.int64))[:, :, None] * C + cols[None, None, :]
-    c0 = _codes(x0, a0, byte, index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN,
-                             MAX_CODE, BIG_EMAX)
-    c1 = c0
-    c2 = c0
-    c3 = c0
-    if CPG >= 2:
-        c1 = _codes(x1, a1, byte, index + C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
-                                 EMIN, MAX_CODE, BIG_EMAX)
-    if CPG == 4:
-        c2 = _codes(x2, a2, byte, index + 2 * C, key, HW_FP8, ROUNDING, IS_INT, BITS,
-                                 MBITS, EMIN, MAX_CODE, BIG_EMAX)
-        c3 = _codes(x3, a3, byte, index + 3 * C, key, HW_FP8, ROUNDING, IS_INT, BITS,
-                                 MBITS, EMIN, MAX_CODE, BIG_EMAX)
+    c0, c1, c2, c3 = _phase_codes(x0, a0, x1, a1, x2, a2, x3, a3, byte, index, C, key, CPG,
+                                  HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN, MAX_CODE,
+                                  BIG_EMAX)
     bytes_per_group: tl.constexpr = 3 if CPG == 4 else 1
     q = blocks[:, None] * (BLOCK // CPG) + g[None, :]  # packed group index along R
     ok = ((g < BLOCK // CPG)[None, :] & (q < groups_r))[:, :, None] & col_ok
@@ -435,6 +449,7 @@ def quantize_fused_kernel(
     x0 = load_f32(ptr, (first < R)[:, None] & col_ok)
     a0 = _abs_bits(x0)
     amax_c = tl.max(tl.reshape(a0, [TILE_NBR, G, TC]), axis=1)  # [NBR, TC]
+    x1, a1, x2, a2, x3, a3 = x0, a0, x0, a0, x0, a0  # phases past CPG: unused
     if CPG >= 2:
         x1 = load_f32(ptr + stride_r, (first + 1 < R)[:, None] & col_ok)
         a1 = _abs_bits(x1)
@@ -470,19 +485,9 @@ def quantize_fused_kernel(
             c3 = _codes_rne(x3, a3, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
     else:
         byte_c = tl.reshape(tl.broadcast_to(byte_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
-        c0 = _codes(x0, a0, byte_c, index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN,
-                    MAX_CODE, BIG_EMAX)
-        c1 = c0
-        c2 = c0
-        c3 = c0
-        if CPG >= 2:
-            c1 = _codes(x1, a1, byte_c, index + C, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
-                        EMIN, MAX_CODE, BIG_EMAX)
-        if CPG == 4:
-            c2 = _codes(x2, a2, byte_c, index + 2 * C, key, HW_FP8, ROUNDING, IS_INT, BITS,
-                        MBITS, EMIN, MAX_CODE, BIG_EMAX)
-            c3 = _codes(x3, a3, byte_c, index + 3 * C, key, HW_FP8, ROUNDING, IS_INT, BITS,
-                        MBITS, EMIN, MAX_CODE, BIG_EMAX)
+        c0, c1, c2, c3 = _phase_codes(x0, a0, x1, a1, x2, a2, x3, a3, byte_c, index, C, key,
+                                      CPG, HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN, MAX_CODE,
+                                      BIG_EMAX)
     bytes_per_group: tl.constexpr = 3 if CPG == 4 else 1
     q = (tr * TILE_NBR * G + i)[:, None]  # packed group index along R
     out_c = data_c_ptr + b * (groups_r * bytes_per_group) * C + cols[None, :]
