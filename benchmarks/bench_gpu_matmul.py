@@ -18,7 +18,8 @@ which runs the fragment-layout kernel for 2..64 rows on sm_90),
 "cuBLAS bf16" (F.linear on the unquantized bf16 weight), "compiled deq+mm" (torch.compile of
 the reference dequantize followed by the matmul), "old path" (torchmx 0.2's first version:
 exact fp32 dequantize, fp32 matmul), "read-only" (a Triton kernel that only reads the same
-weight bytes, best of a few tilings: the memory floor of any kernel streaming this weight here),
+weight bytes, codes and scales, in contiguous chunks of 4-16 KiB, one per program, the best of
+a few chunk sizes: the memory floor of any kernel streaming this weight here),
 and for M = 8192 "cuBLAS on deq" (bf16 matmul of the already dequantized operands: the
 issue's target is ours <= 1.05x of it).
 """
@@ -209,40 +210,40 @@ def ratio(a, b):
 
 
 @triton.jit
-def _read_kernel(w_ptr, s_ptr, out_ptr, stride_wn, stride_sn, words_per_split,
-                 blocks_per_split, BN: tl.constexpr, WORDS: tl.constexpr, SB: tl.constexpr):
-    """Reads BN rows x one split of a weight's 32-bit words and its scale bytes; writes their
-    integer sum (so nothing is optimized away): the memory traffic of the matmul, no math."""
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    pid_k = tl.program_id(1)
-    acc = tl.zeros([BN], dtype=tl.int32)
-    base = (w_ptr + rows[:, None] * stride_wn).to(tl.pointer_type(tl.int32))
-    for i in range(0, words_per_split, WORDS):
-        acc += tl.sum(tl.load(base + pid_k * words_per_split + i + tl.arange(0, WORDS)[None, :]),
-                      axis=1)
-    for j in range(0, blocks_per_split, SB):
-        b = pid_k * blocks_per_split + j + tl.arange(0, SB)
-        acc += tl.sum(tl.load(s_ptr + rows[:, None] * stride_sn + b[None, :]).to(tl.int32),
-                      axis=1)
-    tl.store(out_ptr + pid_k * tl.num_programs(0) * BN + rows, acc)
+def _read_kernel(codes_ptr, scales_ptr, out_ptr, code_bytes, scale_bytes, CHUNK: tl.constexpr):
+    """Reads one chunk of CHUNK bytes of a weight's codes or, for the programs past the codes,
+    of its scales, as 16-byte vectors; writes their integer sum (so nothing is optimized
+    away): the memory traffic of the matmul, no math."""
+    pid = tl.program_id(0)
+    code_chunks = tl.cdiv(code_bytes, CHUNK)
+    if pid < code_chunks:
+        chunk = pid.to(tl.int64)
+        base, size = codes_ptr.to(tl.pointer_type(tl.int32)), code_bytes
+    else:
+        chunk = (pid - code_chunks).to(tl.int64)
+        base, size = scales_ptr.to(tl.pointer_type(tl.int32)), scale_bytes
+    offs = tl.arange(0, CHUNK // 4)
+    words = tl.load(base + chunk * (CHUNK // 4) + offs, mask=chunk * CHUNK + offs * 4 < size,
+                    other=0)
+    tl.store(out_ptr + pid, tl.sum(words, axis=0))
 
 
 def read_floor_us(ws):
-    """Best time of a read-only Triton kernel over the weights' bytes (codes and scales), over
-    a few tilings: what streaming these bytes costs here, before any decoding."""
+    """Best time of a read-only Triton kernel over the weights' bytes (codes and scales, in
+    chunks of 4-16 KiB, one per program), over a few chunk sizes and warps: what streaming
+    these bytes costs here, before any decoding."""
     data, scale = ws[0]._data, ws[0]._scale_e8m0
-    N, row_words, blocks = data.shape[0], data.shape[1] // 4, scale.shape[1]
+    if not (data.is_contiguous() and scale.is_contiguous()):
+        return float("inf")
     best = float("inf")
-    for bn, split, words in [(32, 8, 128), (8, 8, 128), (64, 32, 32), (32, 16, 64), (32, 4, 128),
-                             (8, 4, 128)]:
-        if N % bn or row_words % (split * words) or blocks % (split * 8):
-            continue
-        out = torch.empty(split * N, dtype=torch.int32, device="cuda")
-        calls = [lambda w=w: _read_kernel[(N // bn, split)](
-            w._data, w._scale_e8m0, out, w._data.stride(0), w._scale_e8m0.stride(0),
-            row_words // split, blocks // split, BN=bn, WORDS=words, SB=8) for w in ws]
+    for chunk, warps in [(4096, 4), (8192, 4), (8192, 8), (16384, 8)]:
+        programs = -(-data.numel() // chunk) + -(-scale.numel() // chunk)
+        out = torch.empty(programs, dtype=torch.int32, device="cuda")
+        calls = [lambda w=w: _read_kernel[(programs,)](
+            w._data, w._scale_e8m0, out, w._data.numel(), w._scale_e8m0.numel(), CHUNK=chunk,
+            num_warps=warps) for w in ws]
         best = min(best, graph_time_us(calls, repeats=10))
-    return best  # inf where no tiling divides the weight
+    return best
 
 
 def table(N, K, Ms, fmts):
