@@ -225,6 +225,13 @@ def _encode_pairs(x, inverse, cap, sign, inverse2, ENCODE: tl.constexpr, PTX: tl
 
 
 @triton.jit
+def _fp4_byte(codes):
+    """The byte of a code word's two fp4 codes (the low half's code in bits 0..3, the high
+    half's in 16..19): low | high << 4."""
+    return (codes | (codes >> 12)) & 0xFF
+
+
+@triton.jit
 def _fp6_group_words(first, second):
     """The 24-bit groups of the four codes in code words `first` and `second` (the next two
     columns)."""
@@ -263,9 +270,7 @@ def quantize_rows_pairs_kernel(
     row_ptr = data_ptr + line * row_bytes  # [TR]
     evens, odds = tl.split(tl.reshape(codes, [NB, TILE_R, NCH, 2, 2]))  # words (0, 2), (1, 3)
     if CPG == 2:  # a word's two codes are one byte; a chunk's four bytes one int32
-        bytes_even = (evens | (evens >> 12)) & 0xFF
-        bytes_odd = (odds | (odds >> 12)) & 0xFF
-        pairs = bytes_even | (bytes_odd << 8)  # [NB, TR, NCH, 2]: bytes (0, 1), (2, 3)
+        pairs = _fp4_byte(evens) | (_fp4_byte(odds) << 8)  # [NB, TR, NCH, 2]: bytes (0, 1), (2, 3)
         low, high = tl.split(pairs)
         ptr32 = row_ptr.to(tl.pointer_type(tl.int32))[None, :, None] \
             + blocks[:, None, None] * (BLOCK // 8) + tl.arange(0, NCH)[None, None, :]
@@ -281,7 +286,8 @@ def _rows_phase_pairs(x, rows, b, tc, R, cblocks, scale_ptr, data_ptr, blocks_c,
                       WORDS: tl.constexpr, ENCODE: tl.constexpr, PTX: tl.constexpr,
                       F16: tl.constexpr, SCALE_MODE: tl.constexpr, BITS: tl.constexpr,
                       MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                      MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr, RCEIL_ZERO: tl.constexpr, CAP: tl.constexpr):
+                      MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr,
+                      RCEIL_ZERO: tl.constexpr, CAP: tl.constexpr):
     """Row-wise quantize of one phase: words x [A rows, NBC blocks, BLOCK / 2] of rows `rows`."""
     BW: tl.constexpr = BLOCK // 2
     lo, hi = _half_bits(_pair_max(x & 0x7FFF7FFF, 2, PTX), F16)  # [A, NBC]
@@ -297,7 +303,7 @@ def _rows_phase_pairs(x, rows, b, tc, R, cblocks, scale_ptr, data_ptr, blocks_c,
     rows_ptr = data_ptr + line * row_bytes
     if CPG == 2:  # a word's two codes are one byte
         j = (cblocks * BW)[None, :, None] + tl.arange(0, BW)[None, None, :]
-        tl.store(rows_ptr[:, None, None] + j, ((codes | (codes >> 12)) & 0xFF).to(tl.uint8),
+        tl.store(rows_ptr[:, None, None] + j, _fp4_byte(codes).to(tl.uint8),
                  mask=row_ok[:, None, None] & (j < row_bytes))
     else:  # two words' four codes are one 3-byte group
         G: tl.constexpr = BLOCK // 4
