@@ -229,9 +229,9 @@ def test_gpus_before_sm90_take_the_element_kernel(kind, half, monkeypatch):
     fmt = dtypes.float4_e2m1
     assert tb._pairs_apply(*view, fmt, "even", kind) == (not GPU or PAIRS_RUN)
     monkeypatch.setattr(tb, "_interpreting", lambda: False)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(tb, "device_capability", lambda device: (8, 0))
     assert not tb._pairs_apply(*view, fmt, "even", kind)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(tb, "device_capability", lambda device: (9, 0))
     assert tb._pairs_apply(*view, fmt, "even", kind)
 
 

@@ -34,7 +34,6 @@ Under Triton's interpreter (CPU tests) the loads are masked tl.loads and `_decod
 decodes the same bit program with fp32 arithmetic.
 """
 
-import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -45,6 +44,7 @@ import triton.language as tl
 from ._tl_numerics import to_output
 from .fragment_layout import CHUNK
 from .matmul import _block_m, _interpreting, _sm_count
+from .triton_backend import device_capability
 
 __all__ = ["FragmentConfig", "default_config", "fragment_linear", "usable_on"]
 
@@ -309,18 +309,12 @@ class FragmentConfig:
             raise ValueError(f"FragmentConfig: ahead must be 1 or 2, got {self.ahead!r}")
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index: int):
-    return torch.cuda.get_device_capability(index)
-
-
 def usable_on(device: torch.device) -> bool:
     """wgmma and bf16x2 multiplies need sm_90 (Hopper), and on another GPU Triton would pick a
     dot layout that this storage does not match; on the CPU only Triton's interpreter runs."""
     if device.type != "cuda":
         return device.type == "cpu" and _interpreting()
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _capability(index) == (9, 0)
+    return device_capability(device) == (9, 0)
 
 
 # Programs per SM for 16, 32 and 64 activation rows (tiles of 64, 128 and 128 rows of W); 16

@@ -155,6 +155,18 @@ def _decode_constants(fmt: dtypes.DType) -> Dict[str, object]:
                 TO_VALUE=2.0 ** (127 - fmt.exponent_bias))
 
 
+@functools.lru_cache(maxsize=None)
+def _capability_of(index: int) -> Tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def device_capability(device: torch.device) -> Tuple[int, int]:
+    """A CUDA device's compute capability, looked up once per device (the kernels choose
+    their paths by it on every call)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability_of(index)
+
+
 def _hw_fp8(fmt: dtypes.DType, device: torch.device, rounding: str = "even") -> int:
     """1 / 2 when the hardware fp8 conversions (cvt.rn.satfinite, round half to even with
     saturation: exactly encode() with rounding="even") can stand in for the bit arithmetic."""
@@ -162,7 +174,7 @@ def _hw_fp8(fmt: dtypes.DType, device: torch.device, rounding: str = "even") -> 
         return 0
     if os.environ.get("TORCHMX_TRITON_HW_FP8", "1") == "0":
         return 0
-    if torch.cuda.get_device_capability(device) < (8, 9):
+    if device_capability(device) < (8, 9):
         return 0
     return {dtypes.float8_e4m3: 1, dtypes.float8_e5m2: 2}.get(fmt, 0)
 
@@ -529,7 +541,7 @@ def _pairs_apply(x3: torch.Tensor, shape, strides, fmt: dtypes.DType, rounding: 
     with the PTX it needs (add.rn.bf16x2, min.u16x2: sm_90) or the interpreter."""
     if not _tuning(kind)["enabled"] or rounding != "even":
         return False
-    if not _interpreting() and torch.cuda.get_device_capability(x3.device) < (9, 0):
+    if not _interpreting() and device_capability(x3.device) < (9, 0):
         return False
     pairs = _pair_kernels()
     half = {torch.bfloat16: pairs.BF16, torch.float16: pairs.F16}.get(x3.dtype)
