@@ -270,6 +270,9 @@ def test_config_rejects_impossible_launches():
         fm.FragmentConfig(16, 1, 2, 0)
     with pytest.raises(ValueError, match="ahead"):
         fm.FragmentConfig(16, 1, 2, 1, ahead=3)
+    for maxnreg in (0, 256, 96.0):
+        with pytest.raises(ValueError, match="maxnreg"):
+            fm.FragmentConfig(16, 1, 2, 1, maxnreg=maxnreg)
     x, w = integer_operands("float4_e2m1", 17, 64, 128)
     with pytest.raises(ValueError, match="does not fit"):
         run(x, w, None, fm.FragmentConfig(16, 1, 2, 1))

@@ -307,6 +307,10 @@ class FragmentConfig:
             raise ValueError(f"FragmentConfig: split must be a positive int, got {self.split!r}")
         if self.ahead not in (1, 2):
             raise ValueError(f"FragmentConfig: ahead must be 1 or 2, got {self.ahead!r}")
+        if self.maxnreg is not None and (not isinstance(self.maxnreg, int)
+                                         or not 16 <= self.maxnreg <= 255):
+            raise ValueError(f"FragmentConfig: maxnreg must be None or an int in 16..255, got "
+                             f"{self.maxnreg!r}")
 
 
 def usable_on(device: torch.device) -> bool:

@@ -253,7 +253,7 @@ def _thread_rows(elem_size: int, block_size: int, n: int, cpg: int, unit_stride:
         return None
     if block_size not in (8, 16, 32, 64) or block_size % cw or n % block_size:
         return None
-    if cpg == 4 and block_size % 32 or elem_size == 4 and cpg != 4:
+    if (cpg == 4 and block_size % 32) or (elem_size == 4 and cpg != 4):
         return None
     return cw
 
