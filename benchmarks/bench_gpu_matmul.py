@@ -40,7 +40,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
-from torchmx.kernels import fragment_layout, fragment_matmul as fm, matmul as km  # noqa: E402
+from torchmx.kernels import byte_gemv, fragment_layout, fragment_matmul as fm  # noqa: E402
+from torchmx.kernels import matmul as km  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
 
@@ -190,6 +191,22 @@ def fragment_sweep(Ms, N, K):
             print(f"sweep fragment     M={M:3d} {t:7.1f} us  {cfg}{tag}")
 
 
+def gemv_sweep(fmts, N, K):
+    """The tiles of the one-row kernel of one-byte codes (kernels/byte_gemv.py)."""
+    configs = [byte_gemv.GemvConfig(bn, pieces, warps) for bn, pieces, warps in itertools.product(
+        (1, 2, 4, 8), (128, 256, 512), (2, 4, 8))]
+    for fmt in fmts:
+        ws = make_weights(fmt, N, K, ROTATE)
+        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        rows = time_configs(configs, lambda i, cfg: byte_gemv.byte_gemv(
+            x, ws[i]._scale_e8m0, ws[i]._data, fmt, 32, None, torch.bfloat16, cfg), x, ws,
+            f"gemv {fmt.name}")
+        default = byte_gemv.default_config(N, K, x.device)
+        for t, cfg in rows[:6] + [r for r in rows[6:] if r[1] == default][:1]:
+            tag = "  (default)" if cfg == default else ""
+            print(f"sweep gemv {fmt.name:12s} M=  1 {t:7.1f} us  {cfg}{tag}")
+
+
 torch._dynamo.config.recompile_limit = 64  # one compiled graph per (format, M)
 
 
@@ -335,6 +352,9 @@ def main():
         Ms = [int(m) for m in (args.m or "1,16").split(",")]
         sweep([f for f in fmts if f in (dtypes.float4_e2m1, dtypes.float8_e4m3)], Ms, N, K)
         sweep([f for f in fmts if f == dtypes.float6_e2m3], [1], N, K)
+        if 1 in Ms:
+            gemv_sweep([f for f in fmts if f in (dtypes.float8_e4m3, dtypes.float8_e5m2,
+                                                 dtypes.int8)], N, K)
         if dtypes.float4_e2m1 in fmts:
             fragment_sweep([int(m) for m in (args.m or "1,16,32,64").split(",")], N, K)
         return
