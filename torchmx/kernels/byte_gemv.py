@@ -193,7 +193,7 @@ def byte_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr, N, K,
     k_end = tl.minimum(K, k_start + steps_per_split * STEP)
     piece = tl.arange(0, PIECES)[None, :]
     first = k_start + piece * _PIECE
-    w_ptrs = w_ptr + rows * stride_wn + first
+    w_ptrs = w_ptr.to(tl.pointer_type(tl.uint8)) + rows * stride_wn + first  # int8: MXINT8
     s_ptrs = s_ptr + rows * stride_sn + (first // BLOCK) * stride_sk
     x_ptrs = tl.broadcast_to(x_ptr + first, [BLOCK_N, PIECES])
     row_ok = _all_or(rows < N, EVEN_N, BLOCK_N, PIECES)
