@@ -1,10 +1,10 @@
-"""The one-row kernel of one-byte codes (MXFP8 e4m3 / e5m2, MXINT8: torchmx/kernels/byte_gemv.py)
-and its dispatch from fused_linear.
+"""The one-row kernel of one-byte codes (MXFP8 e4m3 / e5m2, MXINT8; torchmx/kernels/
+byte_gemv.py) and its dispatch from fused_linear.
 
 On CPU it runs under Triton's interpreter (conftest sets it), which loads through tl.load and
-decodes by bit arithmetic; on a CUDA machine the same tests run the inline-PTX loads and the
-hardware fp8 conversions and the int8 decode, plus real sizes. Exact checks use operands whose every fp32 sum is
-exact, so any accumulation order must give the reference's bits.
+decodes by bit arithmetic; on a CUDA machine the same tests run the inline-PTX loads, the
+hardware fp8 conversions and the int8 decode, plus real sizes. Exact checks use operands whose
+every fp32 sum is exact, so any accumulation order must give the reference's bits.
 """
 
 import pytest
@@ -30,7 +30,7 @@ CONFIGS = [GemvConfig(4, 2, 1), GemvConfig(8, 4, 4, 3), GemvConfig(2, 8, 2, 2),
 
 def _gemv(x, w, bias=None, config=None, out_dtype=None):
     return byte_gemv.byte_gemv(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, bias,
-                             out_dtype or x.dtype, config)
+                               out_dtype or x.dtype, config)
 
 
 @pytest.mark.parametrize("fmt", BYTE_FORMATS)
@@ -80,8 +80,8 @@ def test_random_within_fp32_accumulation(fmt, dtype):
 @pytest.mark.parametrize("fmt", BYTE_FORMATS)
 def test_special_values(fmt):
     """A NaN scale byte or an fp8 NaN code makes its row NaN, e5m2's Inf codes give Inf, the
-    largest scale overflows the sum to Inf, and the smallest (2**-127) is exact (MXINT8: its
-    2**-6 makes 2**-133 a unit of the sum, still exact in fp32)."""
+    largest scale overflows the sum to Inf, and the smallest (2**-127) is exact (for MXINT8
+    the codes' 2**-6 joins it: 2**-133, still exact in fp32)."""
     N, K = 6, 64
     x = torch.ones(1, K, dtype=torch.bfloat16, device=DEVICE)
     w = MXTensor.to_mx(torch.ones(N, K, device=DEVICE), fmt, 32)
@@ -101,6 +101,24 @@ def test_special_values(fmt):
     torch.testing.assert_close(out[3], ref[3], rtol=0, atol=0)
     if fmt == "float8_e5m2":
         assert out[4] == float("inf") and out[5] == float("-inf")
+
+
+@pytest.mark.parametrize("fmt", BYTE_FORMATS)
+def test_every_code(fmt):
+    """Row n holds code n (of 256) at column n, zeros elsewhere, and x is all ones: out[n] is
+    code n's value alone, so every byte value, at every byte of a word and every piece of a
+    step, must decode exactly (fp8 NaN codes to NaN)."""
+    w = MXTensor.to_mx(torch.zeros(256, 256, device=DEVICE), fmt, 32)
+    scale = torch.full_like(w._scale_e8m0, 127)
+    codes = torch.arange(256, device=DEVICE)
+    data = torch.zeros_like(w._data)
+    data[codes, codes] = codes.to(torch.uint8).view(data.dtype) if data.dtype == torch.int8 \
+        else codes.to(data.dtype)
+    w = w._replace(scale, data)
+    x = torch.ones(1, 256, dtype=torch.bfloat16, device=DEVICE)
+    out = _gemv(x, w, None, GemvConfig(16, 16, 4), torch.float32)
+    expected = torch.diagonal(w.dequantize(torch.float32))[None]
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
 
 
 def test_empty():

@@ -2,10 +2,10 @@
 out[n] = sum_k x[k] * W[n, k] + bias[n].
 
 W is an MX matrix [N, K] in the standard layout: codes [N, K] (a byte each, unit stride along
-K) and E8M0 scale bytes [N, K / BLOCK]. The kernel reads the codes in
-16-byte pieces (16 codes of one row, inside one block since BLOCK is a multiple of 16). A
-program takes BLOCK_N rows and PIECES consecutive pieces of each per step; the lanes of a warp
-run along a row's pieces, so every load instruction of a warp reads 512 contiguous bytes.
+K) and E8M0 scale bytes [N, K / BLOCK]. The kernel reads the codes in 16-byte pieces (16 codes
+of one row, inside one block since BLOCK is a multiple of 16). A program takes BLOCK_N rows and
+PIECES consecutive pieces of each per step; the lanes of a warp run along a row's pieces, so
+every load instruction of a warp reads 512 contiguous bytes.
 
 Each piece's partial sum, one fp32 multiply-add chain over its 16 exact products of unscaled
 values (for MXINT8 the integer codes, whose 2**-6 joins the scale), is multiplied by its
@@ -14,12 +14,14 @@ accumulator: no cross-thread reduction until the end, where a row's accumulators
 the result (plus bias) is rounded once. Products are exact and sums fp32: the contract of
 kernels/matmul.py.
 
-Why it is fast (H100, N = K = 8192: benchmarks/bench_gpu_matmul.py): a step's loads (the
-codes and the scale byte of each piece, x's 16 values of each piece) are issued together at
-its top, and a barrier pins them there. The loads are plain (coherent) PTX loads, which ptxas
-may not move past the barrier; left to itself it spreads them through the step's arithmetic
-and each warp then waits several times a step. Under Triton's interpreter (the CPU tests) the
-loads are masked tl.loads and the codes are decoded by the bit arithmetic of _tl_numerics.
+Why it is fast (H100, N = K = 8192: benchmarks/bench_gpu_matmul.py, docs/performance.md): a
+step's loads (the codes and the scale byte of each piece, x's 16 values of each piece) are
+plain (coherent) PTX loads followed by a barrier, which ptxas may not move them past: every
+load of a step is issued before its program's warps go on to the next step, and the warps of a
+program read their rows together. Without the barrier (scratch timings) the kernel was slower;
+ptxas otherwise spreads the loads through the step's arithmetic. Under Triton's interpreter
+(the CPU tests) the loads are masked tl.loads and the codes are decoded by the bit arithmetic
+of _tl_numerics.
 """
 
 from dataclasses import dataclass
@@ -178,11 +180,12 @@ def _all_or(condition, ALL: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def byte_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr, N, K, steps_per_split,
-                     stride_wn, stride_sn, stride_sk, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                     PIECES: tl.constexpr, SPLIT: tl.constexpr, CODES: tl.constexpr,
-                     UNIT: tl.constexpr, X_FP16: tl.constexpr, EVEN_N: tl.constexpr,
-                     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRETER: tl.constexpr):
+def byte_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr, N, K,
+                     steps_per_split, stride_wn, stride_sn, stride_sk, BLOCK: tl.constexpr,
+                     BLOCK_N: tl.constexpr, PIECES: tl.constexpr, SPLIT: tl.constexpr,
+                     CODES: tl.constexpr, UNIT: tl.constexpr, X_FP16: tl.constexpr,
+                     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     INTERPRETER: tl.constexpr):
     """Program (BLOCK_N rows, part of K): out[n] for its rows n, or with SPLIT > 1 the fp32
     partial sums over its `steps_per_split` steps of 16 PIECES columns (partials[split, n]).
     CODES: E4M3, E5M2 or INT8; UNIT: the value of code 1 for INT8 (2**-6), else 1. EVEN_N: N
@@ -242,6 +245,8 @@ class GemvConfig:
                 raise ValueError(f"GemvConfig: {name} must be a power of two, got {value!r}")
         if not isinstance(self.split_k, int) or self.split_k < 1:
             raise ValueError(f"GemvConfig: split_k must be a positive int, got {self.split_k!r}")
+
+
 # From H100 sweeps (benchmarks/bench_gpu_matmul.py --sweep) and interleaved timings at N = K =
 # 8192 and 4096: 2 rows x 256 pieces (4 KiB of each row a step) over 4 warps, each thread 4
 # pieces of one row.
@@ -269,8 +274,8 @@ def _aligned(t: torch.Tensor) -> bool:
 
 def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_size: int) -> bool:
     """Whether `byte_gemv` takes this product: one row x [1, K] (bf16 / fp16, contiguous), an
-    e4m3 / e5m2 / MXINT8 weight whose rows are whole 16-byte pieces (K a multiple of 16, unit stride
-    along K, rows and both tensors 16-byte aligned), blocks a multiple of 16."""
+    e4m3 / e5m2 / MXINT8 weight whose rows are whole 16-byte pieces (K a multiple of 16, unit
+    stride along K, rows and both tensors 16-byte aligned), blocks a multiple of 16."""
     K = x.shape[-1]
     return (fmt in _CODES and block_size % PIECE == 0 and x.dim() == 2 and x.shape[0] == 1
             and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
@@ -280,8 +285,8 @@ def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_siz
 
 
 def byte_gemv(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
-             block_size: int, bias: Optional[torch.Tensor], out_dtype: torch.dtype,
-             config: Optional[GemvConfig] = None) -> torch.Tensor:
+              block_size: int, bias: Optional[torch.Tensor], out_dtype: torch.dtype,
+              config: Optional[GemvConfig] = None) -> torch.Tensor:
     """x [1, K] @ W.T + bias (contiguous), rounded once to out_dtype, for the MX weight W
     [N, K] given by its codes `w_data` [N, K] and scale bytes `w_scale` [N, K / block_size]."""
     if not eligible(x, w_data, fmt, block_size):
@@ -308,8 +313,8 @@ def byte_gemv(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt:
         steps_per_split, w_data.stride(0), w_scale.stride(0), w_scale.stride(1),
         BLOCK=block_size, BLOCK_N=cfg.block_n, PIECES=cfg.pieces, SPLIT=split,
         CODES=_CODES[fmt], UNIT=2.0 ** -fmt.mantissa_bits if fmt == dtypes.int8 else 1.0,
-        X_FP16=x.dtype == torch.float16,
-        EVEN_N=N % cfg.block_n == 0, EVEN_K=K % (PIECE * cfg.pieces) == 0,
+        X_FP16=x.dtype == torch.float16, EVEN_N=N % cfg.block_n == 0,
+        EVEN_K=K % (PIECE * cfg.pieces) == 0,
         HAS_BIAS=bias is not None, INTERPRETER=interpreter, num_warps=cfg.num_warps)
     if split > 1:
         reduce_block = 1024
