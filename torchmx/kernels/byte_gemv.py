@@ -33,8 +33,8 @@ import triton.language as tl
 
 from .. import dtypes
 from ._tl_numerics import decode_value, scale_value, to_output
-from .matmul_kernels import reduce_splits_kernel
-from .matmul import _interpreting, _sm_count
+from .matmul import _format_constants, _interpreting, _sm_count
+from .matmul_kernels import _fp16_pair_to_f32, reduce_splits_kernel
 
 __all__ = ["GemvConfig", "TILE", "default_config", "eligible", "byte_gemv"]
 
@@ -51,7 +51,6 @@ _LOAD_X = tl.constexpr(
     "{ .reg .pred p; setp.ne.b32 p, $9, 0; "
     "@p ld.global.v4.u32 {$0, $1, $2, $3}, [$8]; "
     "@p ld.global.v4.u32 {$4, $5, $6, $7}, [$8+16]; }")
-E4M3, E5M2, INT8 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # the kernel's CODES
 # The 4 fp8 codes of a word (code i in byte i) as fp32, through the exact fp8 -> fp16x2
 # conversion: two conversions and four widenings, no byte extraction.
 _DECODE_FP8 = """{ .reg .b16 lo, hi, a, b, c, d; .reg .b32 h0, h1;
@@ -113,28 +112,23 @@ def _load_x(x_ptrs, ok, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
-def _byte_value(code, CODES: tl.constexpr):
-    """The interpreter's decode of int32 bytes `code` (0..255): fp32, exactly (MXINT8: the
-    integer)."""
-    if CODES == INT8:
-        return ((code << 24) >> 24).to(tl.float32)
-    else:
-        MBITS: tl.constexpr = 2 if CODES == E5M2 else 3
-        TO_VALUE: tl.constexpr = 2.0 ** 112 if CODES == E5M2 else 2.0 ** 120  # 2**(127 - bias)
-        return decode_value(code, False, 8, MBITS, CODES == E5M2, True, 0.0, TO_VALUE)
-
-
-@triton.jit
-def _decode_word(word, CODES: tl.constexpr, INTERPRETER: tl.constexpr):
-    """The 4 codes of int32 words (code i in byte i) as 4 fp32 tensors, exactly: fp8 values,
-    MXINT8 integer codes."""
+def _decode_word(word, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+                 HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, TO_VALUE: tl.constexpr,
+                 INTERPRETER: tl.constexpr):
+    """The 4 codes of int32 words (code i in byte i) as 4 fp32 tensors, exactly: fp8 values
+    (e5m2 is the format with Inf), MXINT8 integer codes (the unit 2**-6 is left out)."""
     if INTERPRETER:
-        return (_byte_value(word & 0xFF, CODES), _byte_value((word >> 8) & 0xFF, CODES),
-                _byte_value((word >> 16) & 0xFF, CODES), _byte_value((word >> 24) & 0xFF, CODES))
-    elif CODES == INT8:
+        return (decode_value(word & 0xFF, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, 1.0, TO_VALUE),
+                decode_value((word >> 8) & 0xFF, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, 1.0,
+                             TO_VALUE),
+                decode_value((word >> 16) & 0xFF, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, 1.0,
+                             TO_VALUE),
+                decode_value((word >> 24) & 0xFF, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, 1.0,
+                             TO_VALUE))
+    elif IS_INT:
         return tl.inline_asm_elementwise(_DECODE_INT8, "=r,=r,=r,=r,r", [word],
                                          dtype=(tl.float32,) * 4, is_pure=True, pack=1)
-    elif CODES == E5M2:
+    elif HAS_INF:
         return tl.inline_asm_elementwise(_DECODE_E5M2, "=r,=r,=r,=r,r", [word],
                                          dtype=(tl.float32,) * 4, is_pure=True, pack=1)
     else:
@@ -146,8 +140,7 @@ def _decode_word(word, CODES: tl.constexpr, INTERPRETER: tl.constexpr):
 def _pair_values(word, X_FP16: tl.constexpr):
     """The two bf16 / fp16 values of int32 words (low half first) as fp32."""
     if X_FP16:
-        lo = word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        hi = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        lo, hi = _fp16_pair_to_f32(word)
     else:
         lo = (word << 16).to(tl.float32, bitcast=True)
         hi = (word & -65536).to(tl.float32, bitcast=True)  # 0xFFFF0000
@@ -155,12 +148,14 @@ def _pair_values(word, X_FP16: tl.constexpr):
 
 
 @triton.jit
-def _piece_sums(codes, x_words, CODES: tl.constexpr, X_FP16: tl.constexpr,
-                INTERPRETER: tl.constexpr):
+def _piece_sums(codes, x_words, IS_INT: tl.constexpr, BITS: tl.constexpr,
+                MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+                TO_VALUE: tl.constexpr, X_FP16: tl.constexpr, INTERPRETER: tl.constexpr):
     """fp32: each piece's sum of its 16 products (unscaled codes times x), in k order."""
     total = tl.zeros(x_words[0].shape, tl.float32)
     for q in tl.static_range(4):
-        v0, v1, v2, v3 = _decode_word(codes[q], CODES, INTERPRETER)
+        v0, v1, v2, v3 = _decode_word(codes[q], IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                                      TO_VALUE, INTERPRETER)
         x0, x1 = _pair_values(x_words[2 * q], X_FP16)
         x2, x3 = _pair_values(x_words[2 * q + 1], X_FP16)
         total += v0 * x0
@@ -183,13 +178,15 @@ def _all_or(condition, ALL: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
 def byte_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr, N, K,
                      steps_per_split, stride_wn, stride_sn, stride_sk, BLOCK: tl.constexpr,
                      BLOCK_N: tl.constexpr, PIECES: tl.constexpr, SPLIT: tl.constexpr,
-                     CODES: tl.constexpr, UNIT: tl.constexpr, X_FP16: tl.constexpr,
-                     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     INTERPRETER: tl.constexpr):
+                     X_FP16: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, INTERPRETER: tl.constexpr, IS_INT: tl.constexpr,
+                     BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr,
+                     HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr,
+                     CPG: tl.constexpr):
     """Program (BLOCK_N rows, part of K): out[n] for its rows n, or with SPLIT > 1 the fp32
     partial sums over its `steps_per_split` steps of 16 PIECES columns (partials[split, n]).
-    CODES: E4M3, E5M2 or INT8; UNIT: the value of code 1 for INT8 (2**-6), else 1. EVEN_N: N
-    is a multiple of BLOCK_N; EVEN_K: K of 16 PIECES (no piece is masked)."""
+    EVEN_N: N is a multiple of BLOCK_N; EVEN_K: K of 16 PIECES (no piece is masked). The format
+    constants are matmul._format_constants' (CPG, codes per group, is 1 here)."""
     STEP: tl.constexpr = _PIECE * PIECES
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
     k_start = tl.program_id(1) * steps_per_split * STEP
@@ -207,9 +204,10 @@ def byte_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr, N, K,
         x_words = _load_x(x_ptrs, k_ok, INTERPRETER)
         tl.debug_barrier()  # keeps the loads above together (see the module docstring)
         scale = scale_value(codes[4])
-        if UNIT != 1.0:
-            scale = scale * UNIT  # exact: 2**(s - 133) is at least fp32's 2**-149
-        partial = _piece_sums(codes, x_words, CODES, X_FP16, INTERPRETER) * scale
+        if IS_INT:
+            scale = scale * LSB  # the codes' unit, exact: 2**(s - 133) >= fp32's 2**-149
+        partial = scale * _piece_sums(codes, x_words, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
+                                      TO_VALUE, X_FP16, INTERPRETER)
         if EVEN_K:
             acc += partial
         else:
@@ -264,8 +262,7 @@ def default_config(N: int, K: int, device: torch.device) -> GemvConfig:
     return GemvConfig(TILE.block_n, TILE.pieces, TILE.num_warps, split)
 
 
-_CODES = {dtypes.float8_e4m3: E4M3.value, dtypes.float8_e5m2: E5M2.value,
-          dtypes.int8: INT8.value}
+_FORMATS = (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8)  # the decodes above
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -277,7 +274,7 @@ def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_siz
     e4m3 / e5m2 / MXINT8 weight whose rows are whole 16-byte pieces (K a multiple of 16, unit
     stride along K, rows and both tensors 16-byte aligned), blocks a multiple of 16."""
     K = x.shape[-1]
-    return (fmt in _CODES and block_size % PIECE == 0 and x.dim() == 2 and x.shape[0] == 1
+    return (fmt in _FORMATS and block_size % PIECE == 0 and x.dim() == 2 and x.shape[0] == 1
             and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
             and K % PIECE == 0 and w_data.dim() == 2 and w_data.shape[1] == K
             and (K == 0 or (w_data.stride(1) == 1 and w_data.stride(0) % PIECE == 0))
@@ -312,10 +309,9 @@ def byte_gemv(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt:
         x, w_data, w_scale, bias if bias is not None else out, out, partials, N, K,
         steps_per_split, w_data.stride(0), w_scale.stride(0), w_scale.stride(1),
         BLOCK=block_size, BLOCK_N=cfg.block_n, PIECES=cfg.pieces, SPLIT=split,
-        CODES=_CODES[fmt], UNIT=2.0 ** -fmt.mantissa_bits if fmt == dtypes.int8 else 1.0,
         X_FP16=x.dtype == torch.float16, EVEN_N=N % cfg.block_n == 0,
-        EVEN_K=K % (PIECE * cfg.pieces) == 0,
-        HAS_BIAS=bias is not None, INTERPRETER=interpreter, num_warps=cfg.num_warps)
+        EVEN_K=K % (PIECE * cfg.pieces) == 0, HAS_BIAS=bias is not None,
+        INTERPRETER=interpreter, num_warps=cfg.num_warps, **_format_constants(fmt))
     if split > 1:
         reduce_block = 1024
         reduce_splits_kernel[(triton.cdiv(N, reduce_block),)](

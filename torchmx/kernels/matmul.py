@@ -194,7 +194,7 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
 
     M, K = x.shape
     N, blocks_k = w_scale.shape
-    if config is None and N and byte_gemv.eligible(x, w_data, fmt, block_size):
+    if config is None and byte_gemv.eligible(x, w_data, fmt, block_size):
         return byte_gemv.byte_gemv(x, w_scale, w_data, fmt, block_size, bias, out_dtype)
     out = torch.empty((M, N), dtype=out_dtype, device=x.device)
     if M == 0 or N == 0:
