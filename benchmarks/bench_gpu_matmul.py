@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
-from torchmx.kernels import byte_gemv, fragment_layout, fragment_matmul as fm  # noqa: E402
+from torchmx.kernels import byte_gemv, fp8_mma, fragment_layout, fragment_matmul as fm  # noqa: E402
 from torchmx.kernels import matmul as km  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
@@ -207,6 +207,27 @@ def gemv_sweep(fmts, N, K):
             print(f"sweep gemv {fmt.name:12s} M=  1 {t:7.1f} us  {cfg}{tag}")
 
 
+def fp8_mma_sweep(fmts, Ms, N, K):
+    """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8 weight (kernels/fp8_mma.py):
+    64 / 128-row tiles, 64-256 columns a step, one or two steps ahead, 2-8 programs an SM."""
+    for fmt in fmts:
+        ws = make_weights(fmt, N, K, ROTATE)
+        for M in Ms:
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            configs = []
+            for v, u, ahead, per_sm in itertools.product((1, 2), (1, 2, 4), (1, 2), (2, 4, 8)):
+                split = max(1, min(K // (64 * u), round(per_sm * km._sm_count(x.device)
+                                                        / (N // (64 * v)))))
+                configs.append(fp8_mma.MmaConfig(v, u, split, ahead))
+            default = fp8_mma.default_config(M, N, K, 32, x.device)
+            rows = time_configs(configs + [default], lambda i, cfg: fp8_mma.fp8_mma_linear(
+                x, ws[i]._scale_e8m0, ws[i]._data, fmt, 32, None, torch.bfloat16, cfg), x, ws,
+                f"fp8_mma {fmt.name} M={M}")
+            for t, cfg in rows[:6] + [r for r in rows[6:] if r[1] == default][:1]:
+                tag = "  (default)" if cfg == default else ""
+                print(f"sweep fp8_mma {fmt.name:12s} M={M:3d} {t:7.1f} us  {cfg}{tag}")
+
+
 torch._dynamo.config.recompile_limit = 64  # one compiled graph per (format, M)
 
 
@@ -355,6 +376,8 @@ def main():
         if 1 in Ms:
             gemv_sweep([f for f in fmts if f in (dtypes.float8_e4m3, dtypes.float8_e5m2,
                                                  dtypes.int8)], N, K)
+        fp8_mma_sweep([f for f in fmts if f in (dtypes.float8_e4m3, dtypes.float8_e5m2)],
+                      [m for m in Ms if 2 <= m <= 64], N, K)
         if dtypes.float4_e2m1 in fmts:
             fragment_sweep([int(m) for m in (args.m or "1,16,32,64").split(",")], N, K)
         return

@@ -1,0 +1,250 @@
+"""The tensor-core kernel for 2..64 activation rows times an MXFP8 weight in the standard layout
+(torchmx/kernels/fp8_mma.py) and its dispatch from fused_linear.
+
+On CPU it runs under Triton's interpreter (conftest sets it): tl.loads, the exact fp32 decode
+times the kernel's own multipliers (so the same pieces are poisoned and the same programs take
+the exact recomputation), and an fp32 dot in the kernel's permuted column order. On an H100 the
+same tests run the inline-PTX loads, the bf16 decode and wgmma, plus real sizes. Exact checks
+use operands whose every fp32 sum is exact, or outputs that are one product alone, so any
+accumulation order must give the reference's bits.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from torchmx import MXTensor, dtypes
+from torchmx.kernels import fp8_mma, matmul as km
+from torchmx.mx_ops import weight_matmul
+
+from matmul_operands import (DEVICE, assert_within_fp32_accumulation, integer_operands,
+                             reference)
+
+CUDA = torch.cuda.is_available()
+HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
+FP8 = ["float8_e4m3", "float8_e5m2"]
+MmaConfig = fp8_mma.MmaConfig
+# Tiles of 64 / 128 rows and 64-256 columns, one and two steps ahead, K in 1-3 parts.
+CONFIGS = [MmaConfig(1, 1, 1, 1), MmaConfig(1, 2, 3, 2), MmaConfig(2, 1, 2, 1),
+           MmaConfig(1, 4, 1, 2)]
+
+pytestmark = pytest.mark.skipif(CUDA and not HOPPER, reason="the kernel needs sm_90")
+
+
+def _mma(x, w, bias=None, config=None, out_dtype=None):
+    return fp8_mma.fp8_mma_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, bias,
+                                  out_dtype or x.dtype, config)
+
+
+@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize("M,N,K", [(16, 128, 256), (2, 128, 512), (33, 256, 256),
+                                   (64, 128, 768)])
+def test_exact_on_exact_sums(fmt, config, M, N, K):
+    """Whole and partial activation tiles (M of 16, 32, 64 rows), K in 1-12 steps, split or
+    not, odd and even step counts (the unrolled one-ahead loop's extra step)."""
+    x, w = integer_operands(fmt, M, N, K)
+    bias = torch.randint(-8, 9, (N,)).to(torch.bfloat16).to(DEVICE)
+    out = _mma(x, w, bias, config)
+    assert out.dtype == torch.bfloat16 and out.shape == (M, N)
+    torch.testing.assert_close(out, reference(x, w, bias), rtol=0, atol=0)
+    torch.testing.assert_close(_mma(x, w, None, config), reference(x, w), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
+def test_block_sizes_and_fp32_output(block_size):
+    K = max(2 * block_size, 256)
+    x, w = integer_operands("float8_e4m3", 5, 64, K, block_size=block_size)
+    out = _mma(x, w, None, MmaConfig(1, max(1, block_size // 64), 2), torch.float32)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, x.float() @ w.dequantize(torch.float32).t(), rtol=0, atol=0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(fmt=st.sampled_from(FP8), M=st.integers(2, 64), tiles_n=st.integers(1, 3),
+       steps=st.integers(1, 5), v=st.sampled_from([1, 2]), u=st.sampled_from([1, 2]),
+       split=st.integers(1, 4), ahead=st.sampled_from([1, 2]), seed=st.integers(0, 99))
+def test_any_tile_is_exact(fmt, M, tiles_n, steps, v, u, split, ahead, seed):
+    N, K = 64 * v * tiles_n, 64 * u * steps
+    x, w = integer_operands(fmt, M, N, K, seed=seed)
+    out = _mma(x, w, None, MmaConfig(v, u, split, ahead))
+    torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", FP8)
+def test_random_within_fp32_accumulation(fmt):
+    torch.manual_seed(3)
+    x = torch.randn(7, 512, dtype=torch.bfloat16, device=DEVICE)
+    w = MXTensor.to_mx(torch.randn(128, 512, device=DEVICE) * 4, fmt, 32)
+    bias = torch.randn(128, dtype=torch.bfloat16, device=DEVICE)
+    assert_within_fp32_accumulation(_mma(x, w, bias, MmaConfig(1, 2, 2)), x, w, bias)
+
+
+def _one_product_per_row(fmt, codes, scales):
+    """W [256, 256] whose row n holds codes[n] at column n with scale byte scales[n] (zeros
+    elsewhere), and x [3, 256] of ones, minus ones and zeros: out[m, n] is one product, exact
+    (or Inf / NaN) whatever the order of the sums."""
+    w = MXTensor.to_mx(torch.zeros(256, 256, device=DEVICE), fmt, 32)
+    n = torch.arange(256, device=DEVICE)
+    data = torch.zeros_like(w._data)
+    data[n, n] = codes.to(torch.uint8).to(DEVICE)
+    scale = torch.full_like(w._scale_e8m0, 127)
+    scale[n, n // 32] = scales.to(torch.uint8).to(DEVICE)
+    w = w._replace(scale, data)
+    x = torch.stack([torch.ones(256), -torch.ones(256), torch.zeros(256)]).to(torch.bfloat16)
+    return x.to(DEVICE), w
+
+
+@pytest.mark.parametrize("fmt", FP8)
+def test_every_code(fmt):
+    """Every byte value decodes exactly (NaN codes to NaN, e5m2's Inf codes to Inf, and
+    Inf * 0 to NaN), at every byte of a word and every piece of a step; the programs that meet
+    a NaN or Inf code recompute their tiles exactly."""
+    x, w = _one_product_per_row(fmt, torch.arange(256), torch.full((256,), 127))
+    out = _mma(x, w, None, MmaConfig(1, 2, 2), torch.float32)
+    expected = x.float() @ w.dequantize(torch.float32).t()
+    assert expected.isnan().any() and (fmt == "float8_e4m3" or expected.isinf().any())
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("fmt,code", [("float8_e4m3", 0x01), ("float8_e4m3", 0x3A),
+                                      ("float8_e4m3", 0x7E), ("float8_e5m2", 0x01),
+                                      ("float8_e5m2", 0x3B), ("float8_e5m2", 0x7B)])
+def test_every_scale(fmt, code):
+    """Every scale byte, in and outside FAST_SCALES, for the smallest subnormal code (the lower
+    end of FAST_SCALES: below it its product leaves bf16's range), a middle one and the
+    largest (the upper end: the multiplier leaves bf16's normal range): 0 (2**-127), 254 and
+    255 (NaN)."""
+    x, w = _one_product_per_row(fmt, torch.full((256,), code), torch.arange(256))
+    out = _mma(x, w, None, MmaConfig(2, 2, 1), torch.float32)
+    expected = x.float() @ w.dequantize(torch.float32).t()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+    assert out[0, 255].isnan() and out[0, 0] != 0
+
+
+@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("poison", ["nan code", "inf code", "tiny scale", "huge scale",
+                                    "nan x"])
+def test_poisoned_pieces_recompute_exactly(fmt, poison):
+    """One piece off the fast path among ordinary ones: its program recomputes its whole tile
+    exactly, the other outputs of that tile included, and the other programs are untouched."""
+    x, w = integer_operands(fmt, 16, 256, 512)
+    scale, data = w._scale_e8m0.clone(), w._data.clone()
+    if poison == "nan code":
+        data[70, 100] = 0x7F
+    elif poison == "inf code":
+        data[70, 100] = 0x7C if fmt == "float8_e5m2" else 0x7F
+        x[3, 100] = 0  # Inf * 0 (or NaN * 0): NaN in that output only for Inf
+    elif poison in ("tiny scale", "huge scale"):
+        # row 70 keeps only block 3 (multiples of 64 codes' units), so its sums stay exact
+        data[70, :96] = 0
+        data[70, 128:] = 0
+        scale[70, 3] = 1 if poison == "tiny scale" else 150
+    else:
+        x[5, 300] = float("nan")
+    w = w._replace(scale, data)
+    out = _mma(x, w, None, MmaConfig(1, 2, 2), torch.float32)
+    expected = x.float() @ w.dequantize(torch.float32).t()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
+    """N or K of 0, N or K off the 64-grid, one row, fp16 or strided x: `eligible` refuses
+    them and fused_linear gives the same result through its other kernels."""
+    monkeypatch.setattr(fp8_mma, "fp8_mma_linear", None)  # not called
+    bf16, fp16 = torch.bfloat16, torch.float16
+    for M, N, K, dtype in [(4, 0, 64, bf16), (4, 64, 0, bf16), (4, 96, 128, bf16),
+                           (4, 64, 96, bf16), (1, 64, 128, bf16), (4, 64, 128, fp16)]:
+        x, w = integer_operands("float8_e4m3", M, N, K, dtype)
+        assert not fp8_mma.eligible(x, w._data, w.elem_dtype, w.block_size)
+        out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None,
+                              x.dtype)
+        torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
+    x, w = integer_operands("float8_e4m3", 4, 64, 128)
+    strided = torch.zeros(4, 256, dtype=x.dtype, device=DEVICE)[:, ::2].copy_(x)
+    assert not fp8_mma.eligible(strided, w._data, w.elem_dtype, w.block_size)
+    assert not fp8_mma.eligible(x, w._data, dtypes.int8, w.block_size)
+    assert not fp8_mma.eligible(x, w._data[:, :64], w.elem_dtype, w.block_size)
+
+
+def test_fused_linear_and_mx_linear_dispatch_here(monkeypatch):
+    monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
+    calls = []
+    real = fp8_mma.fp8_mma_linear
+    monkeypatch.setattr(fp8_mma, "fp8_mma_linear",
+                        lambda *args: calls.append(args) or real(*args))
+    x, w = integer_operands("float8_e5m2", 8, 64, 128)
+    bias = torch.randint(-3, 4, (64,)).to(torch.bfloat16).to(DEVICE)
+    out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, bias, x.dtype)
+    torch.testing.assert_close(out, reference(x, w, bias), rtol=0, atol=0)
+    assert len(calls) == 1
+    torch.testing.assert_close(F.linear(x.view(2, 4, 128), w, bias),
+                               reference(x, w, bias).view(2, 4, 64), rtol=0, atol=0)
+    assert len(calls) == 2
+    # an explicit Config runs the general kernel's variant
+    km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None, x.dtype,
+                    config=km.Config(km.BLOCK_DOTS, 64, 1, 1))
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(v=3), "v must"), (dict(u=8), "u must"), (dict(split=0), "split"),
+    (dict(split=1.5), "split"), (dict(ahead=3), "ahead"),
+])
+def test_config_rejects_impossible_launches(fields, match):
+    with pytest.raises(ValueError, match=match):
+        MmaConfig(**{**dict(v=1, u=1, split=1), **fields})
+
+
+def test_bad_calls_name_the_problem():
+    x, w = integer_operands("float8_e4m3", 4, 64, 256, block_size=128)
+    with pytest.raises(ValueError, match="does not fit"):
+        _mma(x, w, None, MmaConfig(1, 1, 1))  # 64 columns a step: less than a block
+    with pytest.raises(ValueError, match="does not fit"):
+        _mma(x, w, None, MmaConfig(2, 2, 1))  # 128-row tiles of 64 rows
+    x1, w1 = integer_operands("float8_e4m3", 1, 64, 128)
+    with pytest.raises(ValueError, match="eligible"):
+        _mma(x1, w1)
+
+
+def test_default_config():
+    cpu = torch.device("cpu")  # km._sm_count: 8 "SMs", 4 programs each
+    assert fp8_mma.default_config(16, 8192, 8192, 32, cpu) == MmaConfig(1, 2, 1)
+    assert fp8_mma.default_config(16, 128, 8192, 32, cpu) == MmaConfig(1, 2, 16)
+    assert fp8_mma.default_config(16, 128, 192, 32, cpu) == MmaConfig(1, 1, 3)  # K % 128 != 0
+    assert fp8_mma.default_config(16, 128, 1024, 256, cpu).u == 4  # a step holds a block
+
+
+# ---------------------------------------------------------------------------- GPU only
+
+gpu = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU")
+
+
+@gpu
+@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("M,N,K", [(16, 8192, 8192), (2, 4096, 14336), (64, 14336, 4096),
+                                   (33, 1024, 4160)])
+def test_gpu_real_sizes(fmt, M, N, K):
+    torch.manual_seed(N + M)
+    w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)
+    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    bias = torch.randn(N, dtype=torch.bfloat16, device="cuda")
+    out = _mma(x, w, bias)
+    assert_within_fp32_accumulation(out, x, w, bias)
+    assert torch.equal(_mma(x, w, bias), out)  # the split-K sums are added in a fixed order
+    xi, wi = integer_operands(fmt, M, N, K)
+    torch.testing.assert_close(_mma(xi, wi), reference(xi, wi), rtol=0, atol=0)
+
+
+@gpu
+def test_gpu_cuda_graph_capture():
+    w = MXTensor.to_mx(torch.randn(512, 1024, device="cuda"), "float8_e4m3", 32)
+    x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
+    expected = _mma(x, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _mma(x, w)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)

@@ -1,0 +1,420 @@
+"""x [M, K] bf16 @ W.T for an MXFP8 weight W [N, K] (e4m3 / e5m2) in the standard layout and
+2..64 activation rows, on Hopper (sm_90) tensor cores.
+
+W is wgmma's A operand, taken from registers ("swap AB": out^T = W x^T, the activation rows
+are wgmma's N dimension and x^T goes through shared memory). In the m64nNk16 A fragment, lane
+`4 g + t` of warp `w` holds rows `16 w + g` and `16 w + g + 8` of a 64 x 16 slice, at columns
+`2 t`, `2 t + 1`, `2 t + 8`, `2 t + 9`. A dot only needs the same K order on both sides, so the
+kernel reads K in a permuted order instead of rearranging W: per 64 columns of W, lane `t`
+loads the 16 contiguous bytes at `16 t` of each of its two rows (one 16-byte load each), and
+its word q (bytes `16 t + 4 q .. + 3`) becomes its registers of slice q. Logical column
+L = 64 u + 16 q + 8 h + 2 t + b (h, b in {0, 1}) is physical column
+P = 64 u + 16 t + 4 q + 2 h + b; x is loaded in the same order, and nothing of W passes through
+shared memory. Every 16-byte piece lies in one block (blocks are multiples of 16): one scale
+per piece, so no weight layout and no prepack step is needed.
+
+Decode, 3 integer ops per pair of codes: a byte permute puts each code in the low byte of a
+16-bit half with its sign replicated above it, a shift by 4 (e4m3) or 5 (e5m2) brings sign,
+exponent and mantissa to the bit positions of bf16, and a mask clears the rest. The bf16 read is
+the code's value times 2**-120 (e4m3) or 2**-112 (e5m2), subnormals included; one bf16x2
+multiply by 2**(s - 7) (e4m3) or 2**(s - 15) (e5m2) gives value * 2**(s - 127), exactly when
+the scale byte s is in FAST_SCALES (the multiplier is a normal bf16 and the scaled value keeps
+all its bits). The tensor cores multiply these exact bf16 operands by x and accumulate in fp32:
+the contract of kernels/matmul.py.
+
+What the decode cannot do exactly, it poisons: a piece (16 codes) with a NaN or Inf code
+(e4m3's NaN, e5m2's Inf and NaN) or a scale outside FAST_SCALES gets a NaN multiplier, found
+by a few integer ops per word as the words arrive. A program whose sums end up NaN or Inf,
+from such a piece or otherwise (x, overflow), recomputes its tile over its part of K with exact
+fp32 decodes and an fp32 (non-tensor-core) dot, which gives the contract's result, NaN and Inf
+included. Ordinary weights never take that path.
+
+K is split over SPLIT programs per tile of 64 V rows; their fp32 partials are added in a fixed
+order by matmul_kernels.reduce_splits_kernel. Under Triton's interpreter (CPU tests) the loads
+are tl.loads and the decode is the exact fp32 bit arithmetic of _tl_numerics, times the same
+multipliers, so the same pieces are poisoned and the same programs recompute.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import dtypes
+from ._tl_numerics import decode_value, scale_value, to_output
+from .matmul import _block_m, _format_constants, _interpreting, _sm_count
+from .matmul_kernels import reduce_splits_kernel
+from .triton_backend import device_capability
+
+__all__ = ["MmaConfig", "FAST_SCALES", "default_config", "eligible", "fp8_mma_linear"]
+
+CHUNK = 64  # rows and columns of W per wgmma A tile
+PIECE = 16  # bytes a lane loads from one row per 64 columns
+
+# Scale bytes s for which the decode's one multiply is exact: 2**(s - 7) (e4m3) or 2**(s - 15)
+# (e5m2) is a normal bf16 (s <= 134 / 142), and the format's smallest step times 2**(s - 127)
+# is at least bf16's smallest subnormal 2**-133 (e4m3: 2**-9, s >= 3; e5m2: 2**-16, s >= 10).
+FAST_SCALES = {dtypes.float8_e4m3: (3, 134), dtypes.float8_e5m2: (10, 142)}
+
+# A lane's two 16-byte pieces (row g's at $10, row g + 8's $12 bytes on) and their scale bytes
+# (at $11, and $13 bytes on), where $14 != 0 (else undefined). Plain coherent loads: ptxas may
+# not move them past the loop's barriers, so they stay ahead of the decode they feed.
+_LOAD_STEP = tl.constexpr(
+    "{ .reg .pred p; .reg .b64 a8, s8; setp.ne.b32 p, $14, 0; "
+    "add.s64 a8, $10, $12; add.s64 s8, $11, $13; "
+    "@p ld.global.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$10]; "
+    "@p ld.global.L1::no_allocate.v4.u32 {$4, $5, $6, $7}, [a8]; "
+    "@p ld.global.u8 $8, [$11]; "
+    "@p ld.global.u8 $9, [s8]; }")
+# Four codes of a word (code i in byte i) -> bf16 halves ($0..$3) times the bf16x2 multiplier $5.
+_DECODE = """{ .reg .b32 x0, x1;
+prmt.b32 x0, $4, 0, 0x9180;
+prmt.b32 x1, $4, 0, 0xB3A2;
+shl.b32 x0, x0, SHIFT;
+shl.b32 x1, x1, SHIFT;
+and.b32 x0, x0, MASK;
+and.b32 x1, x1, MASK;
+mul.rn.bf16x2 x0, x0, $5;
+mul.rn.bf16x2 x1, x1, $5;
+mov.b32 {$0, $1}, x0;
+mov.b32 {$2, $3}, x1; }"""
+_DECODE_E4M3 = tl.constexpr(_DECODE.replace("SHIFT", "4").replace("MASK", "0x87F087F0"))
+_DECODE_E5M2 = tl.constexpr(_DECODE.replace("SHIFT", "5").replace("MASK", "0x8FE08FE0"))
+
+
+@triton.jit
+def _pointers(w_ptr, s_ptr, n0, k0, stride_wn, stride_sn, stride_sk, BLOCK: tl.constexpr,
+              V: tl.constexpr, U: tl.constexpr):
+    """[4 (warp), V, U, 32 (lane)] pointers to each lane's piece of row n0 + 64 v + 16 w + g
+    (lane 4 g + t) at column k0 + 64 u + 16 t, and to its scale byte."""
+    iw = tl.arange(0, 4)[:, None, None, None]
+    iv = tl.arange(0, V)[None, :, None, None]
+    iu = tl.arange(0, U)[None, None, :, None]
+    lane = tl.arange(0, 32)[None, None, None, :]
+    row = n0 + 64 * iv + 16 * iw + lane // 4
+    col = k0 + 64 * iu + 16 * (lane % 4)
+    return (w_ptr + row * stride_wn + col,
+            s_ptr + row * stride_sn + (col // BLOCK) * stride_sk)
+
+
+@triton.jit
+def _multiplier(w0, w1, w2, w3, s, E5M2: tl.constexpr, S_MIN: tl.constexpr,
+                S_MAX: tl.constexpr):
+    """bf16x2 bits of a piece's multiplier (int32): 2**(s - 7) (e4m3) / 2**(s - 15) (e5m2) in
+    both halves; NaN where the piece has a NaN / Inf code (the top bit of a byte of
+    `(word & MASK) + ONES`: magnitude / exponent all ones) or s is outside [S_MIN, S_MAX]."""
+    MASK: tl.constexpr = 0x7C7C7C7C if E5M2 else 0x7F7F7F7F
+    ONES: tl.constexpr = 0x04040404 if E5M2 else 0x01010101
+    special = ((w0 & MASK) + ONES) | ((w1 & MASK) + ONES) | ((w2 & MASK) + ONES) \
+        | ((w3 & MASK) + ONES)
+    fast = ((special & -2139062144) == 0) & (s >= S_MIN) & (s <= S_MAX)  # 0x80808080
+    return tl.where(fast, (s + (112 if E5M2 else 120)) * 0x00800080, 0x7FC07FC0)
+
+
+@triton.jit
+def _by_word(a0, a1, a2, a3, b0, b1, b2, b3):
+    """[..., 2, 4] from the 8 tensors [...] of a lane's words: [..., 0, q] = a_q, [..., 1, q] =
+    b_q."""
+    t = tl.join(tl.join(tl.join(a0, a2), tl.join(a1, a3)),
+                tl.join(tl.join(b0, b2), tl.join(b1, b3)))  # [..., i, j, a]: word 2 i + j
+    return tl.permute(t, [0, 1, 2, 3, 6, 4, 5]).reshape(a0.shape + (2, 4))
+
+
+@triton.jit
+def _load(w_ptrs, s_ptrs, row8, scale_row8, cond, E5M2: tl.constexpr, S_MIN: tl.constexpr,
+          S_MAX: tl.constexpr, INTERPRETER: tl.constexpr):
+    """A lane's code words [4, V, U, 32, 2 (row g, g + 8), 4 (q)] of its pieces and their
+    pieces' `_multiplier`s (the same shape), where the scalar cond holds; else undefined words
+    and zero multipliers."""
+    if INTERPRETER:
+        words_ptrs = w_ptrs.to(tl.pointer_type(tl.int32))
+        w0, w1, w2, w3 = (tl.load(words_ptrs, mask=cond, other=0),
+                          tl.load(words_ptrs + 1, mask=cond, other=0),
+                          tl.load(words_ptrs + 2, mask=cond, other=0),
+                          tl.load(words_ptrs + 3, mask=cond, other=0))
+        words_ptrs += row8 // 4
+        w4, w5, w6, w7 = (tl.load(words_ptrs, mask=cond, other=0),
+                          tl.load(words_ptrs + 1, mask=cond, other=0),
+                          tl.load(words_ptrs + 2, mask=cond, other=0),
+                          tl.load(words_ptrs + 3, mask=cond, other=0))
+        s0 = tl.load(s_ptrs, mask=cond, other=0).to(tl.int32)
+        s1 = tl.load(s_ptrs + scale_row8, mask=cond, other=0).to(tl.int32)
+    else:
+        c = tl.zeros(w_ptrs.shape, tl.int32) + cond.to(tl.int32)
+        w0, w1, w2, w3, w4, w5, w6, w7, s0, s1 = tl.inline_asm_elementwise(
+            _LOAD_STEP, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,l,l,l,l,r",
+            [w_ptrs, s_ptrs, tl.zeros(w_ptrs.shape, tl.int64) + row8,
+             tl.zeros(w_ptrs.shape, tl.int64) + scale_row8, c],
+            dtype=(tl.int32,) * 10, is_pure=False, pack=1)
+    # zero multipliers where the loads are off: a step past the end then adds zeros
+    m0 = tl.where(cond, _multiplier(w0, w1, w2, w3, s0, E5M2, S_MIN, S_MAX), 0)
+    m1 = tl.where(cond, _multiplier(w4, w5, w6, w7, s1, E5M2, S_MIN, S_MAX), 0)
+    # The multipliers repeated per word, joined as the words are: one layout for both (a
+    # broadcast of [..., 2, 1] made Triton rematerialize the loads in a second layout).
+    return (_by_word(w0, w1, w2, w3, w4, w5, w6, w7),
+            _by_word(m0, m0, m0, m0, m1, m1, m1, m1))
+
+
+@triton.jit
+def _decode_tile(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.constexpr,
+                 BITS: tl.constexpr, MBITS: tl.constexpr, HAS_NAN: tl.constexpr,
+                 TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
+    """W's tile [64 V, 64 U] in the permuted column order, each code's value times its piece's
+    multiplier times the decode's 2**-120 / 2**-112: bf16 (fp32 in the interpreter, exact)."""
+    # words, multiplier: [4 (w), V, U, 32 (lane), 2 (a), 4 (q)]
+    if INTERPRETER:
+        scale = (multiplier << 16).to(tl.float32, bitcast=True) \
+            * (2.0 ** -112 if E5M2 else 2.0 ** -120)
+        v0 = decode_value(words & 0xFF, False, BITS, MBITS, E5M2, HAS_NAN, 1.0, TO_VALUE) * scale
+        v1 = decode_value((words >> 8) & 0xFF, False, BITS, MBITS, E5M2, HAS_NAN, 1.0,
+                          TO_VALUE) * scale
+        v2 = decode_value((words >> 16) & 0xFF, False, BITS, MBITS, E5M2, HAS_NAN, 1.0,
+                          TO_VALUE) * scale
+        v3 = decode_value((words >> 24) & 0xFF, False, BITS, MBITS, E5M2, HAS_NAN, 1.0,
+                          TO_VALUE) * scale
+    else:
+        if E5M2:
+            v0, v1, v2, v3 = tl.inline_asm_elementwise(
+                _DECODE_E5M2, "=h,=h,=h,=h,r,r", [words, multiplier], dtype=(tl.bfloat16,) * 4,
+                is_pure=True, pack=1)
+        else:
+            v0, v1, v2, v3 = tl.inline_asm_elementwise(
+                _DECODE_E4M3, "=h,=h,=h,=h,r,r", [words, multiplier], dtype=(tl.bfloat16,) * 4,
+                is_pure=True, pack=1)
+    # byte 2 h + b of word q is logical column 16 q + 8 h + 2 t + b of its 64
+    tile = tl.join(tl.join(v0, v2), tl.join(v1, v3))  # [..., a, q, h, b]
+    tile = tile.reshape(4, V, U, 8, 4, 2, 4, 2, 2)  # w V U g t a q h b
+    tile = tl.permute(tile, [1, 0, 5, 3, 2, 6, 7, 4, 8])  # rows (V w a g), cols (U q h t b)
+    return tile.reshape(64 * V, 64 * U)
+
+
+@triton.jit
+def _x_columns(k0, U: tl.constexpr):
+    """The physical columns of x for the logical columns 0 .. 64 U of a step at k0."""
+    L = tl.arange(0, 64 * U)
+    u, q, h, t, b = L // 64, (L // 16) % 4, (L // 8) % 2, (L // 2) % 4, L % 2
+    return k0 + 64 * u + 16 * t + 4 * q + 2 * h + b
+
+
+@triton.jit
+def _step(acc, words, mult, x_ptrs, m_ok, V: tl.constexpr, U: tl.constexpr, E5M2: tl.constexpr,
+          BITS: tl.constexpr, MBITS: tl.constexpr, HAS_NAN: tl.constexpr,
+          TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
+    """acc + W's step tile (decoded from `words`) times x's matching columns."""
+    x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+    w = _decode_tile(words, mult, V, U, E5M2, BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+    if INTERPRETER:
+        return acc + tl.dot(w, tl.trans(x).to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(w, tl.trans(x), acc)
+
+
+@triton.jit
+def _exact_tile(x_ptr, w_ptr, s_ptr, n0, k_first, k_count, M, stride_xm, stride_wn, stride_sn,
+                stride_sk, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                E5M2: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+                HAS_NAN: tl.constexpr, TO_VALUE: tl.constexpr):
+    """The tile's sums over the k_count columns from k_first (a multiple of 16), with W decoded
+    exactly in fp32 (NaN and Inf codes, any scale) and fp32 products and sums, 16 columns at a
+    time in plain column order."""
+    rows = n0 + tl.arange(0, BLOCK_N)[:, None]
+    offs_m = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(k_first, k_first + k_count, 16):
+        cols = k0 + tl.arange(0, 16)
+        codes = tl.load(w_ptr + rows * stride_wn + cols[None, :]).to(tl.int32)
+        s = tl.load(s_ptr + rows * stride_sn + (k0 // BLOCK) * stride_sk).to(tl.int32)
+        w = decode_value(codes, False, BITS, MBITS, E5M2, HAS_NAN, 1.0, TO_VALUE) * scale_value(s)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :],
+                    mask=offs_m[:, None] < M, other=0.0).to(tl.float32)
+        acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def fp8_mma_kernel(
+    x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr,
+    M, N, K, steps, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
+    BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, V: tl.constexpr, U: tl.constexpr,
+    SPLIT: tl.constexpr, AHEAD: tl.constexpr, HAS_BIAS: tl.constexpr, E5M2: tl.constexpr,
+    S_MIN: tl.constexpr, S_MAX: tl.constexpr, INTERPRETER: tl.constexpr, IS_INT: tl.constexpr,
+    BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+    LSB: tl.constexpr, TO_VALUE: tl.constexpr, CPG: tl.constexpr,
+):
+    """Program (tile of 64 V rows of W, part of K): out[m, n] for all m < M <= BLOCK_M, or its
+    fp32 partial with SPLIT > 1. N is a multiple of 64 V, K of 64 U; the `steps` = K / (64 U)
+    steps are shared out over the SPLIT programs of a tile (SPLIT <= steps). The format
+    constants are matmul._format_constants' (E5M2 is HAS_INF)."""
+    BLOCK_N: tl.constexpr = 64 * V
+    BLOCK_K: tl.constexpr = 64 * U
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    first = pid_k * steps // SPLIT
+    count = (pid_k + 1) * steps // SPLIT - first
+    tl.assume(count > 0)
+    n0 = pid_n * BLOCK_N
+    k_first = first * BLOCK_K
+    w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    w_ptrs, s_ptrs = _pointers(w_ptr, s_ptr, n0, k_first, stride_wn, stride_sn, stride_sk,
+                               BLOCK, V, U)
+    row8 = 8 * stride_wn
+    scale_row8 = 8 * stride_sn
+    S_STEP: tl.constexpr = BLOCK_K // BLOCK  # scale bytes per row and step (BLOCK <= BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + _x_columns(k_first, U)[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    words, mult = _load(w_ptrs, s_ptrs, row8, scale_row8, count > 0, E5M2, S_MIN, S_MAX,
+                        INTERPRETER)
+    if AHEAD == 2:
+        words1, mult1 = _load(w_ptrs + BLOCK_K, s_ptrs + S_STEP * stride_sk, row8, scale_row8,
+                              count > 1, E5M2, S_MIN, S_MAX, INTERPRETER)
+        for i in range(count):
+            # step i + 2's words, in flight during the decode and dot of step i
+            words2, mult2 = _load(w_ptrs + (i + 2) * BLOCK_K, s_ptrs + (i + 2) * S_STEP * stride_sk,
+                                  row8, scale_row8, i + 2 < count, E5M2, S_MIN, S_MAX,
+                                  INTERPRETER)
+            acc = _step(acc, words, mult, x_ptrs + i * BLOCK_K, m_ok, V, U, E5M2, BITS, MBITS,
+                        HAS_NAN, TO_VALUE, INTERPRETER)
+            words, mult = words1, mult1
+            words1, mult1 = words2, mult2
+    else:
+        # Unrolled by two, each step's words loaded one step ahead into registers that the loop
+        # does not rotate (no register moves at the back edge). An odd count runs one step
+        # more, on zero multipliers and zero x: it adds zeros.
+        for j in range((count + 1) // 2):
+            odd_ok = 2 * j + 1 < count
+            words1, mult1 = _load(w_ptrs + (2 * j + 1) * BLOCK_K,
+                                  s_ptrs + (2 * j + 1) * S_STEP * stride_sk, row8, scale_row8,
+                                  odd_ok, E5M2, S_MIN, S_MAX, INTERPRETER)
+            acc = _step(acc, words, mult, x_ptrs + 2 * j * BLOCK_K, m_ok, V, U, E5M2, BITS,
+                        MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+            words, mult = _load(w_ptrs + (2 * j + 2) * BLOCK_K,
+                                s_ptrs + (2 * j + 2) * S_STEP * stride_sk, row8, scale_row8,
+                                2 * j + 2 < count, E5M2, S_MIN, S_MAX, INTERPRETER)
+            acc = _step(acc, words1, mult1, x_ptrs + (2 * j + 1) * BLOCK_K, m_ok & odd_ok, V, U,
+                        E5M2, BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+    # A piece off the fast path made its products NaN; Inf / NaN sums have other causes too
+    # (x, overflow). Either way the exact recomputation gives the contract's result.
+    if tl.max((tl.abs(acc) == float("inf")) | (acc != acc)):
+        acc = _exact_tile(x_ptr, w_ptr, s_ptr, n0, k_first, count * BLOCK_K, M, stride_xm,
+                          stride_wn, stride_sn, stride_sk, BLOCK, BLOCK_M, BLOCK_N, E5M2, BITS,
+                          MBITS, HAS_NAN, TO_VALUE)
+    cols = (n0 + tl.arange(0, BLOCK_N))[:, None]
+    rows = offs_m[None, :]
+    mask = rows < M
+    if SPLIT > 1:
+        tl.store(partials_ptr + (pid_k * M + rows) * N + cols, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols).to(tl.float32)
+        tl.store(out_ptr + rows * stride_om + cols,
+                 to_output(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """Launch parameters: a tile of 64 V rows x 64 U columns of W per step, K split over
+    `split` programs, W's words loaded `ahead` (1 or 2) steps before their decode."""
+    v: int
+    u: int
+    split: int
+    ahead: int = 2
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("v", "u"):
+            if getattr(self, name) not in (1, 2, 4):
+                raise ValueError(f"MmaConfig: {name} must be 1, 2 or 4, got "
+                                 f"{getattr(self, name)!r}")
+        if not isinstance(self.split, int) or self.split < 1:
+            raise ValueError(f"MmaConfig: split must be a positive int, got {self.split!r}")
+        if self.ahead not in (1, 2):
+            raise ValueError(f"MmaConfig: ahead must be 1 or 2, got {self.ahead!r}")
+
+
+# From an H100 sweep at M = 16, N = K = 8192 (docs/performance.md): 64-row tiles of 128
+# columns, two steps ahead, about 4 programs per SM.
+PROGRAMS_PER_SM = 4
+
+
+def default_config(M: int, N: int, K: int, block_size: int, device: torch.device) -> MmaConfig:
+    """Tiles of 64 rows and 128 columns of W (64 when K is not a multiple of 128; at least a
+    block), W's words loaded two steps ahead, K split so that about PROGRAMS_PER_SM programs
+    share each SM."""
+    u = max(2 if K % 128 == 0 else 1, block_size // CHUNK)
+    steps = K // (CHUNK * u)
+    tiles = N // CHUNK
+    split = max(1, min(steps, round(PROGRAMS_PER_SM * _sm_count(device) / tiles)))
+    return MmaConfig(1, u, split)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.device.type == "meta" or t.data_ptr() % 16 == 0
+
+
+def usable_on(device: torch.device) -> bool:
+    """wgmma with A from registers and bf16x2 multiplies need sm_90 (on another GPU Triton would
+    pick a dot layout that the loads do not match); on the CPU only Triton's interpreter."""
+    if device.type != "cuda":
+        return device.type == "cpu" and _interpreting()
+    return device_capability(device) == (9, 0)
+
+
+def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_size: int) -> bool:
+    """Whether `fp8_mma_linear` takes this product: 2..64 contiguous bf16 rows x [M, K], an e4m3
+    / e5m2 weight [N, K] with N a non-zero multiple of 64 and K of 64 and of the block size (a
+    multiple of 16), unit stride along K, rows and both tensors 16-byte aligned; an sm_90 GPU
+    (or Triton's interpreter on the CPU)."""
+    if x.dim() != 2 or w_data.dim() != 2:
+        return False
+    (M, K), N = x.shape, w_data.shape[0]
+    return (fmt in FAST_SCALES and block_size % PIECE == 0 and 2 <= M <= 64
+            and x.dtype == torch.bfloat16 and x.is_contiguous() and w_data.shape[1] == K
+            and N > 0 and K > 0 and N % CHUNK == 0 and K % max(CHUNK, block_size) == 0
+            and w_data.stride(1) == 1 and w_data.stride(0) % PIECE == 0
+            and _aligned(x) and _aligned(w_data) and usable_on(x.device))
+
+
+def fp8_mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
+                   fmt: dtypes.DType, block_size: int, bias: Optional[torch.Tensor],
+                   out_dtype: torch.dtype, config: Optional[MmaConfig] = None) -> torch.Tensor:
+    """x [M, K] @ W.T + bias (contiguous), rounded once to out_dtype, for the MXFP8 weight W
+    [N, K] given by its codes `w_data` [N, K] and scale bytes `w_scale` [N, K / block_size]."""
+    if not eligible(x, w_data, fmt, block_size):
+        raise ValueError(f"fp8_mma_linear: needs 2..64 contiguous bf16 rows and an e4m3 / e5m2 "
+                         f"weight with N and K multiples of {CHUNK} (K of the block size too), "
+                         f"unit stride along K and "
+                         f"16-byte aligned rows on an sm_90 GPU (see eligible), got x {x.dtype} "
+                         f"{tuple(x.shape)} on {x.device}, {fmt.name} codes "
+                         f"{tuple(w_data.shape)} with strides {w_data.stride()}, block size "
+                         f"{block_size}")
+    M, K = x.shape
+    N = w_data.shape[0]
+    cfg = config or default_config(M, N, K, block_size, x.device)
+    if N % (CHUNK * cfg.v) or K % (CHUNK * cfg.u) or CHUNK * cfg.u < block_size:
+        raise ValueError(f"fp8_mma_linear: config {cfg} does not fit N={N}, K={K} (tiles of "
+                         f"{CHUNK} v rows and {CHUNK} u >= {block_size} columns must divide W)")
+    steps = K // (CHUNK * cfg.u)
+    split = min(cfg.split, steps)
+    interpreter = _interpreting()
+    out = torch.empty((M, N), dtype=out_dtype, device=x.device)
+    partials = (torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+                if split > 1 else out)
+    low, high = FAST_SCALES[fmt]
+    fp8_mma_kernel[(N // (CHUNK * cfg.v), split)](
+        x, w_data, w_scale, bias if bias is not None else out, out, partials,
+        M, N, K, steps, x.stride(0), w_data.stride(0), w_scale.stride(0), w_scale.stride(1),
+        out.stride(0), BLOCK=block_size, BLOCK_M=_block_m(M), V=cfg.v, U=cfg.u, SPLIT=split,
+        AHEAD=cfg.ahead, HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2,
+        S_MIN=low, S_MAX=high, INTERPRETER=interpreter, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **_format_constants(fmt))
+    if split > 1:
+        block = 1024
+        reduce_splits_kernel[(triton.cdiv(M * N, block),)](
+            partials, bias if bias is not None else out, out, M, N, out.stride(0), out.stride(1),
+            SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None, INTERPRETER=interpreter)
+    return out
