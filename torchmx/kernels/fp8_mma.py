@@ -43,10 +43,11 @@ import triton
 import triton.language as tl
 
 from .. import dtypes
-from ._tl_numerics import decode_value, scale_value, to_output
+from ._tl_numerics import decode_value, scale_value
+from .byte_gemv import _aligned
+from .fragment_matmul import store_out, usable_on
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
-from .triton_backend import device_capability
 
 __all__ = ["MmaConfig", "FAST_SCALES", "default_config", "eligible", "fp8_mma_linear"]
 
@@ -308,22 +309,18 @@ def fp8_mma_kernel(
     if SPLIT > 1:
         tl.store(partials_ptr + (pid_k * M + rows) * N + cols, acc, mask=mask)
     else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols).to(tl.float32)
-        tl.store(out_ptr + rows * stride_om + cols,
-                 to_output(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
+        store_out(acc, bias_ptr, out_ptr, rows, cols, stride_om, mask, HAS_BIAS, INTERPRETER)
 
 
 @dataclass(frozen=True)
 class MmaConfig:
     """Launch parameters: a tile of 64 V rows x 64 U columns of W per step, K split over
-    `split` programs, W's words loaded `ahead` (1 or 2) steps before their decode."""
+    `split` programs, W's words loaded `ahead` (1 or 2) steps before their decode. A program
+    is one warpgroup (4 warps): the loads' layout is wgmma's for 4 warps."""
     v: int
     u: int
     split: int
     ahead: int = 2
-    num_warps: int = 4
-    num_stages: int = 2
 
     def __post_init__(self):
         for name in ("v", "u"):
@@ -350,18 +347,6 @@ def default_config(M: int, N: int, K: int, block_size: int, device: torch.device
     tiles = N // CHUNK
     split = max(1, min(steps, round(PROGRAMS_PER_SM * _sm_count(device) / tiles)))
     return MmaConfig(1, u, split)
-
-
-def _aligned(t: torch.Tensor) -> bool:
-    return t.device.type == "meta" or t.data_ptr() % 16 == 0
-
-
-def usable_on(device: torch.device) -> bool:
-    """wgmma with A from registers and bf16x2 multiplies need sm_90 (on another GPU Triton would
-    pick a dot layout that the loads do not match); on the CPU only Triton's interpreter."""
-    if device.type != "cuda":
-        return device.type == "cpu" and _interpreting()
-    return device_capability(device) == (9, 0)
 
 
 def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_size: int) -> bool:
@@ -410,8 +395,8 @@ def fp8_mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
         M, N, K, steps, x.stride(0), w_data.stride(0), w_scale.stride(0), w_scale.stride(1),
         out.stride(0), BLOCK=block_size, BLOCK_M=_block_m(M), V=cfg.v, U=cfg.u, SPLIT=split,
         AHEAD=cfg.ahead, HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2,
-        S_MIN=low, S_MAX=high, INTERPRETER=interpreter, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **_format_constants(fmt))
+        S_MIN=low, S_MAX=high, INTERPRETER=interpreter, num_warps=4, num_stages=2,
+        **_format_constants(fmt))
     if split > 1:
         block = 1024
         reduce_splits_kernel[(triton.cdiv(M * N, block),)](

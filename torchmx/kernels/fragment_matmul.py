@@ -46,7 +46,7 @@ from .fragment_layout import CHUNK
 from .matmul import _block_m, _interpreting, _sm_count
 from .triton_backend import device_capability
 
-__all__ = ["FragmentConfig", "default_config", "fragment_linear", "usable_on"]
+__all__ = ["FragmentConfig", "default_config", "fragment_linear", "store_out", "usable_on"]
 
 _DECODE = """{
 .reg .b32 t4, t6, t10, t14, p0, p1, p2, p3;
@@ -195,6 +195,17 @@ def _dot(w, x, acc, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
+def store_out(acc, bias_ptr, out_ptr, rows, cols, stride_om, mask, HAS_BIAS: tl.constexpr,
+              INTERPRETER: tl.constexpr):
+    """out[rows, cols] = acc^T (+ bias[cols]), fp32 rounded once to out's dtype: the epilogue
+    of the kernels that compute out^T = W x^T (acc [W rows, activation rows])."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols).to(tl.float32)
+    tl.store(out_ptr + rows * stride_om + cols,
+             to_output(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
+
+
+@triton.jit
 def fp4_fragment_matmul_kernel(
     x_ptr, codes_ptr, scales_ptr, bias_ptr, out_ptr, partials_ptr, counters_ptr,
     M, N, K, steps, stride_xm, stride_om,
@@ -268,16 +279,10 @@ def fp4_fragment_matmul_kernel(
             for j in tl.static_range(1, SPLIT):
                 acc += tl.load(partials_ptr + (j * BLOCK_M + rows) * N + cols, mask=mask,
                                other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + cols).to(tl.float32)
-            tl.store(out_ptr + rows * stride_om + cols,
-                     to_output(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
+            store_out(acc, bias_ptr, out_ptr, rows, cols, stride_om, mask, HAS_BIAS, INTERPRETER)
             tl.store(counters_ptr + pid_n, 0)
     else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols).to(tl.float32)
-        tl.store(out_ptr + rows * stride_om + cols,
-                 to_output(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
+        store_out(acc, bias_ptr, out_ptr, rows, cols, stride_om, mask, HAS_BIAS, INTERPRETER)
 
 
 @dataclass(frozen=True)
@@ -315,7 +320,8 @@ class FragmentConfig:
 
 def usable_on(device: torch.device) -> bool:
     """wgmma and bf16x2 multiplies need sm_90 (Hopper), and on another GPU Triton would pick a
-    dot layout that this storage does not match; on the CPU only Triton's interpreter runs."""
+    dot layout that the loads here (and in fp8_mma.py) do not match; on the CPU only Triton's
+    interpreter runs."""
     if device.type != "cuda":
         return device.type == "cpu" and _interpreting()
     return device_capability(device) == (9, 0)
