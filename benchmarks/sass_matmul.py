@@ -1,4 +1,6 @@
-"""Instructions per weight code in the fused MX-weight kernel's main loop, read from its SASS.
+"""Instructions per weight code in the main loops of the MX-weight matmul kernels, read from their
+SASS: the fused kernel (matmul_kernels.py), the one-row kernel of one-byte codes (byte_gemv.py)
+and the tensor-core kernel for MXFP8 (fp8_mma.py).
 
     python benchmarks/sass_matmul.py
 
@@ -6,8 +8,8 @@ Needs Triton but no GPU: each configuration is compiled for sm_90 (Hopper) here,
 disassembled with the cuobjdump that Triton ships, and the instructions of the longest loop
 are counted per weight code the loop handles (the figure docs/performance.md quotes). Unit
 strides are specialized to 1 and sizes marked divisible by 16, as Triton's launcher does for
-the benchmark's shapes; every tile is whole (EVEN). The tiles are matmul._default_config's
-for N = K = 8192 (M = 1 for the rows variant, 16 for the dots), then a few other rows tiles.
+the benchmark's shapes; every tile is whole (EVEN). The tiles are the defaults for N = K = 8192
+(M = 1 for the rows variant and byte_gemv, 16 for the dots and fp8_mma).
 """
 
 import collections
@@ -21,6 +23,7 @@ import torch  # noqa: E402
 
 from sass_tools import compile_sm90 as compile_kernel, instructions, opcode  # noqa: E402
 from torchmx import dtypes  # noqa: E402
+from torchmx.kernels import byte_gemv, fp8_mma  # noqa: E402
 from torchmx.kernels import matmul as km  # noqa: E402
 from torchmx.kernels import matmul_kernels as mk  # noqa: E402
 
@@ -49,17 +52,20 @@ def compile_sm90(fmt, fast, variant, nb, block_n, num_warps=4):
                           num_warps=num_warps, num_stages=2)
 
 
-def loop_opcodes(cubin: bytes):
-    """Opcodes of the longest backward-branching loop of the kernel's SASS."""
+def loop_opcodes(cubin: bytes, containing: str = None):
+    """Opcodes of the longest backward-branching loop of the kernel's SASS (of those with a
+    `containing` opcode, when given: fp8_mma's rare exact path has a loop of its own)."""
     lines = instructions(cubin)
     address = [int(re.search(r"/\*([0-9a-f]{4,})\*/", line).group(1), 16) for line in lines]
     loops = []
     for i, line in enumerate(lines):
         target = re.search(r"BRA\s.*?0x([0-9a-f]+)", line)
         if target and int(target.group(1), 16) < address[i]:
-            loops.append((int(target.group(1), 16), address[i]))
-    start, end = max(loops, key=lambda loop: loop[1] - loop[0])
-    return [opcode(line) for line, a in zip(lines, address) if start <= a <= end]
+            ops = [opcode(line) for line, a in zip(lines, address)
+                   if int(target.group(1), 16) <= a <= address[i]]
+            if containing is None or containing in ops:
+                loops.append(ops)
+    return max(loops, key=len)
 
 
 def instructions_per_code(fmt, fast, cfg: km.Config):
@@ -70,6 +76,43 @@ def instructions_per_code(fmt, fast, cfg: km.Config):
     threads = cfg.num_warps * 32
     common = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(5))
     return len(ops) * threads / (cfg.block_n * nb * 32), common
+
+
+def _counted(kernel, codes_per_thread, containing=None):
+    ops = loop_opcodes(kernel.asm["cubin"], containing)
+    common = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(5))
+    return len(ops) / codes_per_thread, common
+
+
+def byte_gemv_per_code(fmt):
+    """(loop instructions per code, the most frequent opcodes) of byte_gemv at its TILE."""
+    cfg = byte_gemv.TILE
+    constants = dict(BLOCK=32, BLOCK_N=cfg.block_n, PIECES=cfg.pieces, SPLIT=1, X_FP16=False,
+                     EVEN_N=True, EVEN_K=True, HAS_BIAS=False, INTERPRETER=False, stride_sk=1,
+                     **km._format_constants(fmt))
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": "*bf16",
+                "out_ptr": "*bf16", "partials_ptr": "*fp32"}
+    kernel = compile_kernel(byte_gemv.byte_gemv_kernel, constants, pointers,
+                            tuple(pointers) + ("K", "N", "stride_wn", "stride_sn"),
+                            num_warps=cfg.num_warps)
+    codes = cfg.block_n * cfg.pieces * byte_gemv.PIECE / (cfg.num_warps * 32)
+    return cfg, *_counted(kernel, codes)
+
+
+def fp8_mma_per_code(fmt):
+    """(loop instructions per code, the most frequent opcodes) of fp8_mma at M = 16."""
+    cfg = fp8_mma.default_config(16, 8192, 8192, 32, torch.device("cpu"))
+    low, high = fp8_mma.FAST_SCALES[fmt]
+    constants = dict(BLOCK=32, BLOCK_M=16, V=cfg.v, U=cfg.u, SPLIT=2, AHEAD=cfg.ahead,
+                     HAS_BIAS=False, E5M2=fmt == dtypes.float8_e5m2, S_MIN=low, S_MAX=high,
+                     INTERPRETER=False, stride_sk=1, **km._format_constants(fmt))
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": "*bf16",
+                "out_ptr": "*bf16", "partials_ptr": "*fp32"}
+    kernel = compile_kernel(fp8_mma.fp8_mma_kernel, constants, pointers,
+                            tuple(pointers) + ("K", "N", "stride_xm", "stride_wn", "stride_sn",
+                                               "stride_om"), num_warps=4)
+    codes = 64 * cfg.v * 64 * cfg.u / 128  # per thread and step
+    return cfg, *_counted(kernel, codes, "HGMMA")
 
 
 def main():
@@ -84,6 +127,14 @@ def main():
                 km.SCALED_DOTS: "scaled dots"}[cfg.variant]
         tile = f"{cfg.block_n} x {cfg.blocks}, {cfg.num_warps} warps"
         print(f"{fmt.name:12s} {name:12s} {tile:>16s} {per_code:20.2f}  {common}")
+    for fmt in (dtypes.float8_e4m3, dtypes.int8):
+        cfg, per_code, common = byte_gemv_per_code(fmt)
+        tile = f"{cfg.block_n} x {cfg.pieces}, {cfg.num_warps} warps"
+        print(f"{fmt.name:12s} {'byte_gemv':12s} {tile:>16s} {per_code:20.2f}  {common}")
+    for fmt in (dtypes.float8_e4m3, dtypes.float8_e5m2):
+        cfg, per_code, common = fp8_mma_per_code(fmt)
+        tile = f"{64 * cfg.v} x {64 * cfg.u}, 4 warps"
+        print(f"{fmt.name:12s} {'fp8_mma':12s} {tile:>16s} {per_code:20.2f}  {common}")
 
 
 if __name__ == "__main__":
