@@ -209,22 +209,27 @@ def gemv_sweep(fmts, N, K):
 
 def fp8_mma_sweep(fmts, Ms, N, K):
     """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8 weight (kernels/fp8_mma.py):
-    64 / 128-row tiles, 64-256 columns a step, one or two steps ahead, 2-8 programs an SM."""
+    64 / 128-row tiles, 64-256 columns a step, two steps ahead, 2-6 programs an SM, and for
+    17..32 rows with and without the default's register cap."""
     for fmt in fmts:
         ws = make_weights(fmt, N, K, ROTATE)
         for M in Ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             configs = []
-            for v, u, ahead, per_sm in itertools.product((1, 2), (1, 2, 4), (1, 2), (2, 4, 8)):
+            caps = (None, 168) if 16 < M <= 32 else (None,)
+            for v, u, per_sm, cap in itertools.product((1, 2), (1, 2, 4), (2, 3, 4, 6), caps):
                 split = max(1, min(K // (64 * u), round(per_sm * km._sm_count(x.device)
                                                         / (N // (64 * v)))))
-                configs.append(fp8_mma.MmaConfig(v, u, split, ahead))
+                configs.append(fp8_mma.MmaConfig(v, u, split, maxnreg=cap))
             default = fp8_mma.default_config(M, N, K, 32, x.device)
+            # the tile of 16 rows (4 programs an SM) at every M, for comparison
+            small = fp8_mma.default_config(16, N, K, 32, x.device)
             rows = time_configs(configs + [default], lambda i, cfg: fp8_mma.fp8_mma_linear(
                 x, ws[i]._scale_e8m0, ws[i]._data, fmt, 32, None, torch.bfloat16, cfg), x, ws,
                 f"fp8_mma {fmt.name} M={M}")
-            for t, cfg in rows[:6] + [r for r in rows[6:] if r[1] == default][:1]:
-                tag = "  (default)" if cfg == default else ""
+            for t, cfg in rows[:6] + [r for r in rows[6:] if r[1] in (default, small)]:
+                tag = ("  (default)" if cfg == default
+                       else "  (16 rows' default)" if cfg == small else "")
                 print(f"sweep fp8_mma {fmt.name:12s} M={M:3d} {t:7.1f} us  {cfg}{tag}")
 
 

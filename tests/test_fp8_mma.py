@@ -190,7 +190,8 @@ def test_fused_linear_and_mx_linear_dispatch_here(monkeypatch):
 
 @pytest.mark.parametrize("fields,match", [
     (dict(v=3), "v must"), (dict(u=8), "u must"), (dict(split=0), "split"),
-    (dict(split=1.5), "split"), (dict(ahead=3), "ahead"),
+    (dict(split=1.5), "split"), (dict(ahead=3), "ahead"), (dict(maxnreg=8), "maxnreg"),
+    (dict(maxnreg=128.0), "maxnreg"),
 ])
 def test_config_rejects_impossible_launches(fields, match):
     with pytest.raises(ValueError, match=match):
@@ -214,6 +215,10 @@ def test_default_config():
     assert fp8_mma.default_config(16, 128, 8192, 32, cpu) == MmaConfig(1, 2, 16)
     assert fp8_mma.default_config(16, 128, 192, 32, cpu) == MmaConfig(1, 1, 3)  # K % 128 != 0
     assert fp8_mma.default_config(16, 128, 1024, 256, cpu).u == 4  # a step holds a block
+    # 32 rows: 3 programs an SM under a register cap; 64 rows: 128-row tiles, 2 an SM
+    assert fp8_mma.default_config(32, 128, 8192, 32, cpu) == MmaConfig(1, 2, 12, maxnreg=168)
+    assert fp8_mma.default_config(64, 128, 8192, 32, cpu) == MmaConfig(2, 2, 16)
+    assert fp8_mma.default_config(64, 192, 8192, 32, cpu) == MmaConfig(1, 2, 5)  # N % 128
 
 
 # ---------------------------------------------------------------------------- GPU only
@@ -223,8 +228,8 @@ gpu = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU")
 
 @gpu
 @pytest.mark.parametrize("fmt", FP8)
-@pytest.mark.parametrize("M,N,K", [(16, 8192, 8192), (2, 4096, 14336), (64, 14336, 4096),
-                                   (33, 1024, 4160)])
+@pytest.mark.parametrize("M,N,K", [(16, 8192, 8192), (2, 4096, 14336), (24, 8192, 8192),
+                                   (64, 14336, 4096), (33, 1024, 4160)])
 def test_gpu_real_sizes(fmt, M, N, K):
     torch.manual_seed(N + M)
     w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)

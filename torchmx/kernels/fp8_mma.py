@@ -45,7 +45,7 @@ import triton.language as tl
 from .. import dtypes
 from ._tl_numerics import decode_value, scale_value
 from .byte_gemv import _aligned
-from .fragment_matmul import store_out, usable_on
+from .fragment_matmul import check_tile, store_out, usable_on
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
 
@@ -315,38 +315,39 @@ def fp8_mma_kernel(
 @dataclass(frozen=True)
 class MmaConfig:
     """Launch parameters: a tile of 64 V rows x 64 U columns of W per step, K split over
-    `split` programs, W's words loaded `ahead` (1 or 2) steps before their decode. A program
-    is one warpgroup (4 warps): the loads' layout is wgmma's for 4 warps."""
+    `split` programs, W's words loaded `ahead` (1 or 2) steps before their decode, and a cap on
+    registers per thread (`maxnreg`, None: ptxas chooses) that keeps enough programs on each
+    SM. A program is one warpgroup (4 warps): the loads' layout is wgmma's for 4 warps."""
     v: int
     u: int
     split: int
     ahead: int = 2
+    maxnreg: Optional[int] = None
 
     def __post_init__(self):
-        for name in ("v", "u"):
-            if getattr(self, name) not in (1, 2, 4):
-                raise ValueError(f"MmaConfig: {name} must be 1, 2 or 4, got "
-                                 f"{getattr(self, name)!r}")
-        if not isinstance(self.split, int) or self.split < 1:
-            raise ValueError(f"MmaConfig: split must be a positive int, got {self.split!r}")
-        if self.ahead not in (1, 2):
-            raise ValueError(f"MmaConfig: ahead must be 1 or 2, got {self.ahead!r}")
+        check_tile(self)
 
 
-# From an H100 sweep at M = 16, N = K = 8192 (docs/performance.md): 64-row tiles of 128
-# columns, two steps ahead, about 4 programs per SM.
-PROGRAMS_PER_SM = 4
+# Per tile of activation rows (16, 32, 64): W rows per tile (64 V), programs per SM, register
+# cap. K is split so that one wave of programs fills the SMs at the registers ptxas takes:
+# about 128 a thread at 16 rows (4 programs of 4 warps a SM), about 166 at 32 rows, capped at
+# 168 (3), over 200 at 64 rows (2, on 128-row tiles). From H100 timings at
+# N = K = 8192 (docs/performance.md, ninth session).
+_TILES = {16: (1, 4, None), 32: (1, 3, 168), 64: (2, 2, None)}
 
 
 def default_config(M: int, N: int, K: int, block_size: int, device: torch.device) -> MmaConfig:
-    """Tiles of 64 rows and 128 columns of W (64 when K is not a multiple of 128; at least a
-    block), W's words loaded two steps ahead, K split so that about PROGRAMS_PER_SM programs
-    share each SM."""
+    """The tile of `_TILES` for M's activation-row tile (64-row tiles of W where N is not a
+    multiple of 128), 128 columns a step (64 when K is not a multiple of 128; at least a
+    block), W's words loaded two steps ahead, K split into one wave of programs."""
+    v, per_sm, maxnreg = _TILES[_block_m(M)]
+    if N % (CHUNK * v):
+        v = 1
     u = max(2 if K % 128 == 0 else 1, block_size // CHUNK)
     steps = K // (CHUNK * u)
-    tiles = N // CHUNK
-    split = max(1, min(steps, round(PROGRAMS_PER_SM * _sm_count(device) / tiles)))
-    return MmaConfig(1, u, split)
+    tiles = N // (CHUNK * v)
+    split = max(1, min(steps, round(per_sm * _sm_count(device) / tiles)))
+    return MmaConfig(v, u, split, maxnreg=maxnreg)
 
 
 def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_size: int) -> bool:
@@ -396,7 +397,8 @@ def fp8_mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
         out.stride(0), BLOCK=block_size, BLOCK_M=_block_m(M), V=cfg.v, U=cfg.u, SPLIT=split,
         AHEAD=cfg.ahead, HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2,
         S_MIN=low, S_MAX=high, INTERPRETER=interpreter, num_warps=4, num_stages=2,
-        **_format_constants(fmt))
+        **_format_constants(fmt),
+        **({} if cfg.maxnreg is None or interpreter else {"maxnreg": cfg.maxnreg}))
     if split > 1:
         block = 1024
         reduce_splits_kernel[(triton.cdiv(M * N, block),)](

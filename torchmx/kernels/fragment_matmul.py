@@ -304,18 +304,24 @@ class FragmentConfig:
     def __post_init__(self):
         if self.block_m not in (16, 32, 64):
             raise ValueError(f"FragmentConfig: block_m must be 16, 32 or 64, got {self.block_m!r}")
-        for name in ("v", "u"):
-            if getattr(self, name) not in (1, 2, 4):
-                raise ValueError(f"FragmentConfig: {name} must be 1, 2 or 4, got "
-                                 f"{getattr(self, name)!r}")
-        if not isinstance(self.split, int) or self.split < 1:
-            raise ValueError(f"FragmentConfig: split must be a positive int, got {self.split!r}")
-        if self.ahead not in (1, 2):
-            raise ValueError(f"FragmentConfig: ahead must be 1 or 2, got {self.ahead!r}")
-        if self.maxnreg is not None and (not isinstance(self.maxnreg, int)
-                                         or not 16 <= self.maxnreg <= 255):
-            raise ValueError(f"FragmentConfig: maxnreg must be None or an int in 16..255, got "
-                             f"{self.maxnreg!r}")
+        check_tile(self)
+
+
+def check_tile(config) -> None:
+    """The checks shared by this kernel's and fp8_mma's configs: v and u in 1, 2, 4; split a
+    positive int; ahead 1 or 2; maxnreg None or an int in 16..255."""
+    owner = type(config).__name__
+    for name in ("v", "u"):
+        if getattr(config, name) not in (1, 2, 4):
+            raise ValueError(f"{owner}: {name} must be 1, 2 or 4, got {getattr(config, name)!r}")
+    if not isinstance(config.split, int) or config.split < 1:
+        raise ValueError(f"{owner}: split must be a positive int, got {config.split!r}")
+    if config.ahead not in (1, 2):
+        raise ValueError(f"{owner}: ahead must be 1 or 2, got {config.ahead!r}")
+    if config.maxnreg is not None and (not isinstance(config.maxnreg, int)
+                                       or not 16 <= config.maxnreg <= 255):
+        raise ValueError(f"{owner}: maxnreg must be None or an int in 16..255, got "
+                         f"{config.maxnreg!r}")
 
 
 def usable_on(device: torch.device) -> bool:
