@@ -45,7 +45,7 @@ import triton.language as tl
 from .. import dtypes
 from ._tl_numerics import decode_value, scale_value
 from .byte_gemv import _aligned
-from .fragment_matmul import check_tile, store_out, usable_on
+from .fragment_matmul import check_tile, split_steps, store_out, usable_on
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
 
@@ -252,8 +252,7 @@ def fp8_mma_kernel(
     BLOCK_K: tl.constexpr = 64 * U
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    first = pid_k * steps // SPLIT
-    count = (pid_k + 1) * steps // SPLIT - first
+    first, count = split_steps(pid_k, steps, SPLIT)
     tl.assume(count > 0)  # SPLIT <= steps: the loop's zero-trip path never runs
     n0 = pid_n * BLOCK_N
     k_first = first * BLOCK_K

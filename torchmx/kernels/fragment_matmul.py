@@ -206,6 +206,14 @@ def store_out(acc, bias_ptr, out_ptr, rows, cols, stride_om, mask, HAS_BIAS: tl.
 
 
 @triton.jit
+def split_steps(pid_k, steps, SPLIT: tl.constexpr):
+    """(first step, step count) of program pid_k's part of K: the `steps` shared out over the
+    SPLIT programs of a tile as evenly as they go."""
+    first = pid_k * steps // SPLIT
+    return first, (pid_k + 1) * steps // SPLIT - first
+
+
+@triton.jit
 def fp4_fragment_matmul_kernel(
     x_ptr, codes_ptr, scales_ptr, bias_ptr, out_ptr, partials_ptr, counters_ptr,
     M, N, K, steps, stride_xm, stride_om,
@@ -220,8 +228,7 @@ def fp4_fragment_matmul_kernel(
     BLOCK_K: tl.constexpr = 64 * U
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    first = pid_k * steps // SPLIT
-    count = (pid_k + 1) * steps // SPLIT - first
+    first, count = split_steps(pid_k, steps, SPLIT)
     if NONEMPTY:
         # Without it the loop's zero-trip path makes ptxas serialize the wgmmas of a V = 1 tile
         # (a wait after each); with it they overlap the next decode, at more registers.
