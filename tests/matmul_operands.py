@@ -1,5 +1,5 @@
 """Operands and checks shared by the MX matmul tests (test_mx_weight_matmul.py,
-test_mx_matmul_large.py)."""
+test_mx_matmul_large.py, test_byte_gemv.py, test_fp8_mma.py)."""
 
 import torch
 
@@ -38,3 +38,14 @@ def assert_within_fp32_accumulation(out, x, w, bias=None):
     err = (out.double() - exact).abs()
     assert not out.isnan().any()
     assert (err <= bound).all(), f"max error {err.max().item():.3g}"
+
+
+def assert_graph_replay_matches_eager(call):
+    """call() captured in a CUDA graph and replayed gives the bits of an eager call."""
+    expected = call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)

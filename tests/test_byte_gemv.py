@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from torchmx import MXTensor, dtypes
+from torchmx import MXTensor
 from torchmx.kernels import byte_gemv, matmul as km
 from torchmx.mx_ops import weight_matmul
 
-from matmul_operands import (DEVICE, assert_within_fp32_accumulation, integer_operands,
-                             reference)
+from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
+                             assert_within_fp32_accumulation, integer_operands, reference)
 
 CUDA = torch.cuda.is_available()
 FP8 = ["float8_e4m3", "float8_e5m2"]
@@ -235,10 +235,4 @@ def test_gpu_real_sizes(fmt, dtype, N, K):
 def test_gpu_cuda_graph_capture():
     w = MXTensor.to_mx(torch.randn(512, 1024, device="cuda"), "float8_e4m3", 32)
     x = torch.randn(1, 1024, dtype=torch.bfloat16, device="cuda")
-    expected = _gemv(x, w)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = _gemv(x, w)
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert_graph_replay_matches_eager(lambda: _gemv(x, w))

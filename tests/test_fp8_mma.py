@@ -18,8 +18,8 @@ from torchmx import MXTensor, dtypes
 from torchmx.kernels import fp8_mma, matmul as km
 from torchmx.mx_ops import weight_matmul
 
-from matmul_operands import (DEVICE, assert_within_fp32_accumulation, integer_operands,
-                             reference)
+from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
+                             assert_within_fp32_accumulation, integer_operands, reference)
 
 CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
@@ -246,10 +246,4 @@ def test_gpu_real_sizes(fmt, M, N, K):
 def test_gpu_cuda_graph_capture():
     w = MXTensor.to_mx(torch.randn(512, 1024, device="cuda"), "float8_e4m3", 32)
     x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
-    expected = _mma(x, w)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = _mma(x, w)
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert_graph_replay_matches_eager(lambda: _mma(x, w))

@@ -20,8 +20,8 @@ from torchmx.mx_tensor import MXLayoutWarning, reset_layout_warning
 from torchmx.kernels import matmul as km
 from torchmx.mx_ops import weight_matmul
 
-from matmul_operands import (DEVICE, assert_within_fp32_accumulation, integer_operands,
-                             reference)
+from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
+                             assert_within_fp32_accumulation, integer_operands, reference)
 
 CUDA = torch.cuda.is_available()
 FORMATS = ["float8_e4m3", "float8_e5m2", "float6_e3m2", "float6_e2m3", "float4_e2m1", "int8"]
@@ -383,10 +383,4 @@ def test_gpu_cuda_graph_capture():
     w = MXTensor.to_mx(torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16), "float4_e2m1",
                        32)
     x = torch.randn(1, 1024, dtype=torch.bfloat16, device="cuda")
-    expected = F.linear(x, w)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = F.linear(x, w)
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert_graph_replay_matches_eager(lambda: F.linear(x, w))
