@@ -209,14 +209,15 @@ def gemv_sweep(fmts, N, K):
 
 def fp8_mma_sweep(fmts, Ms, N, K):
     """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8 weight (kernels/fp8_mma.py):
-    64 / 128-row tiles, 64-256 columns a step, two steps ahead, 2-6 programs an SM, and for
-    17..32 rows with and without the default's register cap."""
+    64 / 128-row tiles, 64-256 columns a step, two steps ahead, 2-6 programs an SM, each
+    without and with a register cap (128 up to 16 rows: 4 programs of 4 warps an SM; else 168:
+    3)."""
     for fmt in fmts:
         ws = make_weights(fmt, N, K, ROTATE)
         for M in Ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             configs = []
-            caps = (None, 168) if 16 < M <= 32 else (None,)
+            caps = (None, 128 if M <= 16 else 168)
             for v, u, per_sm, cap in itertools.product((1, 2), (1, 2, 4), (2, 3, 4, 6), caps):
                 split = max(1, min(K // (64 * u), round(per_sm * km._sm_count(x.device)
                                                         / (N // (64 * v)))))

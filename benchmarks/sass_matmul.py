@@ -100,7 +100,8 @@ def byte_gemv_per_code(fmt):
 
 
 def fp8_mma_per_code(fmt):
-    """(loop instructions per code, the most frequent opcodes) of fp8_mma at M = 16."""
+    """(loop instructions per code, the most frequent opcodes) of fp8_mma at M = 16 and its
+    default tile (register cap included)."""
     cfg = fp8_mma.default_config(16, 8192, 8192, 32, torch.device("cpu"))
     low, high = fp8_mma.FAST_SCALES[fmt]
     constants = dict(BLOCK=32, BLOCK_M=16, V=cfg.v, U=cfg.u, SPLIT=2, AHEAD=cfg.ahead,
@@ -109,8 +110,9 @@ def fp8_mma_per_code(fmt):
     pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": "*bf16",
                 "out_ptr": "*bf16", "partials_ptr": "*fp32"}
     kernel = compile_kernel(fp8_mma.fp8_mma_kernel, constants, pointers,
-                            tuple(pointers) + ("K", "N", "stride_xm", "stride_wn", "stride_sn",
-                                               "stride_om"), num_warps=4)
+                            tuple(pointers) + ("M", "K", "N", "stride_xm", "stride_wn",
+                                               "stride_sn", "stride_om"), num_warps=4,
+                            **({} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}))
     codes = 64 * cfg.v * 64 * cfg.u / 128  # per thread and step
     return cfg, *_counted(kernel, codes, "HGMMA")
 

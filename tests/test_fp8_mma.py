@@ -210,16 +210,16 @@ def test_bad_calls_name_the_problem():
 
 
 def test_default_config():
-    cpu = torch.device("cpu")  # km._sm_count: 8 "SMs", 4 programs each
-    assert fp8_mma.default_config(16, 8192, 8192, 32, cpu) == MmaConfig(1, 2, 1)
-    assert fp8_mma.default_config(16, 128, 8192, 32, cpu) == MmaConfig(1, 2, 16)
-    assert fp8_mma.default_config(16, 128, 192, 32, cpu) == MmaConfig(1, 1, 3)  # K % 128 != 0
+    cpu = torch.device("cpu")  # km._sm_count: 8 "SMs"
+    # up to 16 rows: 4 programs an SM under a 128-register cap
+    assert fp8_mma.default_config(16, 8192, 8192, 32, cpu) == MmaConfig(1, 2, 1, maxnreg=128)
+    assert fp8_mma.default_config(16, 128, 8192, 32, cpu) == MmaConfig(1, 2, 16, maxnreg=128)
+    assert fp8_mma.default_config(16, 128, 192, 32, cpu) == MmaConfig(1, 1, 3, maxnreg=128)
     assert fp8_mma.default_config(16, 128, 1024, 256, cpu).u == 4  # a step holds a block
-    # 32 rows: 3 programs an SM under a register cap; 64 rows: 128-row tiles, 2 an SM
+    # 32 rows: 3 programs an SM under a 168-register cap; 64 rows: 2 an SM
     assert fp8_mma.default_config(32, 128, 8192, 32, cpu) == MmaConfig(1, 2, 12, maxnreg=168)
-    assert fp8_mma.default_config(64, 128, 8192, 32, cpu) == MmaConfig(2, 2, 16)
-    assert fp8_mma.default_config(64, 192, 8192, 32, cpu) == MmaConfig(1, 2, 5)  # N % 128
-
+    assert fp8_mma.default_config(64, 128, 8192, 32, cpu) == MmaConfig(1, 2, 8)
+    assert fp8_mma.default_config(64, 192, 8192, 32, cpu) == MmaConfig(1, 2, 5)
 
 # ---------------------------------------------------------------------------- GPU only
 

@@ -24,7 +24,7 @@ the contract of kernels/matmul.py.
 
 What the decode cannot do exactly, it poisons: a piece (16 codes) with a NaN or Inf code
 (e4m3's NaN, e5m2's Inf and NaN) or a scale outside FAST_SCALES gets a NaN multiplier, found
-by a few integer ops per word as the words arrive. A program whose sums end up NaN or Inf,
+by a few integer ops per word when the words are decoded. A program whose sums end up NaN or Inf,
 from such a piece or otherwise (x, overflow), recomputes its tile over its part of K with exact
 fp32 decodes and an fp32 (non-tensor-core) dot, which gives the contract's result, NaN and Inf
 included. Ordinary weights never take that path.
@@ -60,11 +60,13 @@ PIECE = 16  # bytes a lane loads from one row per 64 columns
 FAST_SCALES = {dtypes.float8_e4m3: (3, 134), dtypes.float8_e5m2: (10, 142)}
 
 # A lane's two 16-byte pieces (row g's at $10, row g + 8's $12 bytes on) and their scale bytes
-# (at $11, and $13 bytes on), where $14 != 0 (else undefined). Plain coherent loads: ptxas may
-# not move them past the loop's barriers, so they stay ahead of the decode they feed.
+# (at $11, and $13 bytes on), where $14 != 0; else undefined words and scale bytes -1. Plain
+# coherent loads: ptxas may not move them past the loop's barriers, so they stay ahead of the
+# decode they feed.
 _LOAD_STEP = tl.constexpr(
     "{ .reg .pred p; .reg .b64 a8, s8; setp.ne.b32 p, $14, 0; "
     "add.s64 a8, $10, $12; add.s64 s8, $11, $13; "
+    "mov.b32 $8, -1; mov.b32 $9, -1; "
     "@p ld.global.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$10]; "
     "@p ld.global.L1::no_allocate.v4.u32 {$4, $5, $6, $7}, [a8]; "
     "@p ld.global.u8 $8, [$11]; "
@@ -101,17 +103,23 @@ def _pointers(w_ptr, s_ptr, n0, k0, stride_wn, stride_sn, stride_sk, BLOCK: tl.c
 
 
 @triton.jit
-def _multiplier(w0, w1, w2, w3, s, E5M2: tl.constexpr, S_MIN: tl.constexpr,
-                S_MAX: tl.constexpr):
-    """bf16x2 bits of a piece's multiplier (int32): 2**(s - 7) (e4m3) / 2**(s - 15) (e5m2) in
-    both halves; NaN where the piece has a NaN / Inf code (the top bit of a byte of
-    `(word & MASK) + ONES`: magnitude / exponent all ones) or s is outside [S_MIN, S_MAX]."""
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _multiplier(words, s, E5M2: tl.constexpr, S_MIN: tl.constexpr, S_MAX: tl.constexpr):
+    """bf16x2 bits (int32) of each word's piece multiplier, from the words [..., 4 (q)] of the
+    pieces and their scale bytes s (the same shape, -1 where the loads were off): 2**(s - 7)
+    (e4m3) / 2**(s - 15) (e5m2) in both halves; NaN where the piece has a NaN / Inf code (the
+    top bit of a byte of `(word & MASK) + ONES`: magnitude / exponent all ones) or s is outside
+    [S_MIN, S_MAX]; 0 where the loads were off (a step past the end then adds zeros)."""
     MASK: tl.constexpr = 0x7C7C7C7C if E5M2 else 0x7F7F7F7F
     ONES: tl.constexpr = 0x04040404 if E5M2 else 0x01010101
-    special = ((w0 & MASK) + ONES) | ((w1 & MASK) + ONES) | ((w2 & MASK) + ONES) \
-        | ((w3 & MASK) + ONES)
+    special = tl.reduce((words & MASK) + ONES, len(words.shape) - 1, _or, keep_dims=True)
     fast = ((special & -2139062144) == 0) & (s >= S_MIN) & (s <= S_MAX)  # 0x80808080
-    return tl.where(fast, (s + (112 if E5M2 else 120)) * 0x00800080, 0x7FC07FC0)
+    m = tl.where(fast, (s + (112 if E5M2 else 120)) * 0x00800080, 0x7FC07FC0)
+    return tl.where(s < 0, 0, m)
 
 
 @triton.jit
@@ -124,11 +132,10 @@ def _by_word(a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @triton.jit
-def _load(w_ptrs, s_ptrs, row8, scale_row8, cond, E5M2: tl.constexpr, S_MIN: tl.constexpr,
-          S_MAX: tl.constexpr, INTERPRETER: tl.constexpr):
+def _load(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexpr):
     """A lane's code words [4, V, U, 32, 2 (row g, g + 8), 4 (q)] of its pieces and their
-    pieces' `_multiplier`s (the same shape), where the scalar cond holds; else undefined words
-    and zero multipliers."""
+    pieces' scale bytes (int32, the same shape), where the scalar cond holds; else undefined
+    words and scale bytes -1."""
     if INTERPRETER:
         words_ptrs = w_ptrs.to(tl.pointer_type(tl.int32))
         w0, w1, w2, w3 = (tl.load(words_ptrs, mask=cond, other=0),
@@ -142,6 +149,8 @@ def _load(w_ptrs, s_ptrs, row8, scale_row8, cond, E5M2: tl.constexpr, S_MIN: tl.
                           tl.load(words_ptrs + 3, mask=cond, other=0))
         s0 = tl.load(s_ptrs, mask=cond, other=0).to(tl.int32)
         s1 = tl.load(s_ptrs + scale_row8, mask=cond, other=0).to(tl.int32)
+        s0 = tl.where(cond, s0, -1)
+        s1 = tl.where(cond, s1, -1)
     else:
         c = tl.zeros(w_ptrs.shape, tl.int32) + cond.to(tl.int32)
         w0, w1, w2, w3, w4, w5, w6, w7, s0, s1 = tl.inline_asm_elementwise(
@@ -149,13 +158,12 @@ def _load(w_ptrs, s_ptrs, row8, scale_row8, cond, E5M2: tl.constexpr, S_MIN: tl.
             [w_ptrs, s_ptrs, tl.zeros(w_ptrs.shape, tl.int64) + row8,
              tl.zeros(w_ptrs.shape, tl.int64) + scale_row8, c],
             dtype=(tl.int32,) * 10, is_pure=False, pack=1)
-    # zero multipliers where the loads are off: a step past the end then adds zeros
-    m0 = tl.where(cond, _multiplier(w0, w1, w2, w3, s0, E5M2, S_MIN, S_MAX), 0)
-    m1 = tl.where(cond, _multiplier(w4, w5, w6, w7, s1, E5M2, S_MIN, S_MAX), 0)
-    # The multipliers repeated per word, joined as the words are: one layout for both (a
-    # broadcast of [..., 2, 1] made Triton rematerialize the loads in a second layout).
+    # Nothing here reads the loaded values (the multipliers are made at the decode): an
+    # instruction that did would wait for the loads in the step that issues them. The scale
+    # bytes are repeated per word, joined as the words are: one layout for both (a broadcast
+    # of [..., 2, 1] made Triton rematerialize the loads in a second layout).
     return (_by_word(w0, w1, w2, w3, w4, w5, w6, w7),
-            _by_word(m0, m0, m0, m0, m1, m1, m1, m1))
+            _by_word(s0, s0, s0, s0, s1, s1, s1, s1))
 
 
 @triton.jit
@@ -200,12 +208,15 @@ def _x_columns(k0, U: tl.constexpr):
 
 
 @triton.jit
-def _step(acc, words, mult, x_ptrs, m_ok, V: tl.constexpr, U: tl.constexpr, E5M2: tl.constexpr,
-          BITS: tl.constexpr, MBITS: tl.constexpr, HAS_NAN: tl.constexpr,
-          TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
-    """acc + W's step tile (decoded from `words`) times x's matching columns."""
+def _step(acc, words, scales, x_ptrs, m_ok, V: tl.constexpr, U: tl.constexpr,
+          E5M2: tl.constexpr, S_MIN: tl.constexpr, S_MAX: tl.constexpr, BITS: tl.constexpr,
+          MBITS: tl.constexpr, HAS_NAN: tl.constexpr, TO_VALUE: tl.constexpr,
+          INTERPRETER: tl.constexpr):
+    """acc + W's step tile (decoded from `words` and their pieces' scale bytes) times x's
+    matching columns."""
     x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
-    w = _decode_tile(words, mult, V, U, E5M2, BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+    multiplier = _multiplier(words, scales, E5M2, S_MIN, S_MAX)
+    w = _decode_tile(words, multiplier, V, U, E5M2, BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
     if INTERPRETER:
         return acc + tl.dot(w, tl.trans(x).to(tl.float32), input_precision="ieee")
     else:
@@ -266,36 +277,35 @@ def fp8_mma_kernel(
     S_STEP: tl.constexpr = BLOCK_K // BLOCK  # scale bytes per row and step (BLOCK <= BLOCK_K)
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + _x_columns(k_first, U)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    words, mult = _load(w_ptrs, s_ptrs, row8, scale_row8, count > 0, E5M2, S_MIN, S_MAX,
-                        INTERPRETER)
+    words, scales = _load(w_ptrs, s_ptrs, row8, scale_row8, count > 0, INTERPRETER)
     if AHEAD == 2:
-        words1, mult1 = _load(w_ptrs + BLOCK_K, s_ptrs + S_STEP * stride_sk, row8, scale_row8,
-                              count > 1, E5M2, S_MIN, S_MAX, INTERPRETER)
+        words1, scales1 = _load(w_ptrs + BLOCK_K, s_ptrs + S_STEP * stride_sk, row8, scale_row8,
+                                count > 1, INTERPRETER)
         for i in range(count):
             # step i + 2's words, in flight during the decode and dot of step i
-            words2, mult2 = _load(w_ptrs + (i + 2) * BLOCK_K, s_ptrs + (i + 2) * S_STEP * stride_sk,
-                                  row8, scale_row8, i + 2 < count, E5M2, S_MIN, S_MAX,
-                                  INTERPRETER)
-            acc = _step(acc, words, mult, x_ptrs + i * BLOCK_K, m_ok, V, U, E5M2, BITS, MBITS,
-                        HAS_NAN, TO_VALUE, INTERPRETER)
-            words, mult = words1, mult1
-            words1, mult1 = words2, mult2
+            words2, scales2 = _load(w_ptrs + (i + 2) * BLOCK_K,
+                                    s_ptrs + (i + 2) * S_STEP * stride_sk, row8, scale_row8,
+                                    i + 2 < count, INTERPRETER)
+            acc = _step(acc, words, scales, x_ptrs + i * BLOCK_K, m_ok, V, U, E5M2, S_MIN, S_MAX,
+                        BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+            words, scales = words1, scales1
+            words1, scales1 = words2, scales2
     else:
         # Unrolled by two, each step's words loaded one step ahead into registers that the loop
         # does not rotate (no register moves at the back edge). An odd count runs one step
         # more, on zero multipliers and zero x: it adds zeros.
         for j in range((count + 1) // 2):
             odd_ok = 2 * j + 1 < count
-            words1, mult1 = _load(w_ptrs + (2 * j + 1) * BLOCK_K,
-                                  s_ptrs + (2 * j + 1) * S_STEP * stride_sk, row8, scale_row8,
-                                  odd_ok, E5M2, S_MIN, S_MAX, INTERPRETER)
-            acc = _step(acc, words, mult, x_ptrs + 2 * j * BLOCK_K, m_ok, V, U, E5M2, BITS,
-                        MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
-            words, mult = _load(w_ptrs + (2 * j + 2) * BLOCK_K,
-                                s_ptrs + (2 * j + 2) * S_STEP * stride_sk, row8, scale_row8,
-                                2 * j + 2 < count, E5M2, S_MIN, S_MAX, INTERPRETER)
-            acc = _step(acc, words1, mult1, x_ptrs + (2 * j + 1) * BLOCK_K, m_ok & odd_ok, V, U,
-                        E5M2, BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+            words1, scales1 = _load(w_ptrs + (2 * j + 1) * BLOCK_K,
+                                    s_ptrs + (2 * j + 1) * S_STEP * stride_sk, row8, scale_row8,
+                                    odd_ok, INTERPRETER)
+            acc = _step(acc, words, scales, x_ptrs + 2 * j * BLOCK_K, m_ok, V, U, E5M2, S_MIN,
+                        S_MAX, BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+            words, scales = _load(w_ptrs + (2 * j + 2) * BLOCK_K,
+                                  s_ptrs + (2 * j + 2) * S_STEP * stride_sk, row8, scale_row8,
+                                  2 * j + 2 < count, INTERPRETER)
+            acc = _step(acc, words1, scales1, x_ptrs + (2 * j + 1) * BLOCK_K, m_ok & odd_ok, V,
+                        U, E5M2, S_MIN, S_MAX, BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
     # A piece off the fast path made its products NaN; Inf / NaN sums have other causes too
     # (x, overflow). Either way the exact recomputation gives the contract's result.
     if tl.max((tl.abs(acc) == float("inf")) | (acc != acc)):
@@ -327,26 +337,24 @@ class MmaConfig:
         check_tile(self)
 
 
-# Per tile of activation rows (16, 32, 64): W rows per tile (64 V), programs per SM, register
-# cap. K is split so that one wave of programs fills the SMs at the registers ptxas takes:
-# about 128 a thread at 16 rows (4 programs of 4 warps a SM), about 166 at 32 rows, capped at
-# 168 (3), over 200 at 64 rows (2, on 128-row tiles). From H100 timings at
-# N = K = 8192 (docs/performance.md, ninth session).
-_TILES = {16: (1, 4, None), 32: (1, 3, 168), 64: (2, 2, None)}
+# Per tile of activation rows (16, 32, 64): programs per SM and register cap, for tiles of 64
+# W rows. K is split so that one wave of programs fills the SMs at the registers ptxas takes:
+# about 134 a thread at 16 rows, capped at 128 (4 programs of 4 warps a SM, no spills), about
+# 165 at 32 rows, capped at 168 (3), about 226 at 64 rows (2). From H100 sweeps at
+# N = K = 8192 (docs/performance.md, tenth session), where 128-row tiles did no better.
+_TILES = {16: (4, 128), 32: (3, 168), 64: (2, None)}
 
 
 def default_config(M: int, N: int, K: int, block_size: int, device: torch.device) -> MmaConfig:
-    """The tile of `_TILES` for M's activation-row tile (64-row tiles of W where N is not a
-    multiple of 128), 128 columns a step (64 when K is not a multiple of 128; at least a
-    block), W's words loaded two steps ahead, K split into one wave of programs."""
-    v, per_sm, maxnreg = _TILES[_block_m(M)]
-    if N % (CHUNK * v):
-        v = 1
+    """Tiles of 64 W rows x 128 columns a step (64 when K is not a multiple of 128; at least a
+    block), W's words loaded two steps ahead, and K split into one wave of programs at the
+    programs per SM and register cap of `_TILES` for M's activation-row tile."""
+    per_sm, maxnreg = _TILES[_block_m(M)]
     u = max(2 if K % 128 == 0 else 1, block_size // CHUNK)
     steps = K // (CHUNK * u)
-    tiles = N // (CHUNK * v)
+    tiles = N // CHUNK
     split = max(1, min(steps, round(per_sm * _sm_count(device) / tiles)))
-    return MmaConfig(v, u, split, maxnreg=maxnreg)
+    return MmaConfig(1, u, split, maxnreg=maxnreg)
 
 
 def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_size: int) -> bool:
