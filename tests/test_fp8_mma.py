@@ -221,6 +221,7 @@ def test_default_config():
     assert fp8_mma.default_config(64, 128, 8192, 32, cpu) == MmaConfig(1, 2, 8)
     assert fp8_mma.default_config(64, 192, 8192, 32, cpu) == MmaConfig(1, 2, 5)
 
+
 # ---------------------------------------------------------------------------- GPU only
 
 gpu = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU")

@@ -24,10 +24,10 @@ the contract of kernels/matmul.py.
 
 What the decode cannot do exactly, it poisons: a piece (16 codes) with a NaN or Inf code
 (e4m3's NaN, e5m2's Inf and NaN) or a scale outside FAST_SCALES gets a NaN multiplier, found
-by a few integer ops per word when the words are decoded. A program whose sums end up NaN or Inf,
-from such a piece or otherwise (x, overflow), recomputes its tile over its part of K with exact
-fp32 decodes and an fp32 (non-tensor-core) dot, which gives the contract's result, NaN and Inf
-included. Ordinary weights never take that path.
+by a few integer ops per word when the words are decoded. A program whose sums end up NaN or
+Inf, from such a piece or otherwise (x, overflow), recomputes its tile over its part of K with
+exact fp32 decodes and an fp32 (non-tensor-core) dot, which gives the contract's result, NaN and
+Inf included. Ordinary weights never take that path.
 
 K is split over SPLIT programs per tile of 64 V rows; their fp32 partials are added in a fixed
 order by matmul_kernels.reduce_splits_kernel. Under Triton's interpreter (CPU tests) the loads
