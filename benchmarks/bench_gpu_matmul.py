@@ -208,23 +208,24 @@ def gemv_sweep(fmts, N, K):
 
 
 def fp8_mma_sweep(fmts, Ms, N, K):
-    """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8 weight (kernels/fp8_mma.py):
-    64 / 128-row tiles, 64-256 columns a step, two steps ahead, 2-6 programs an SM, each
-    without and with a register cap (128 up to 16 rows: 4 programs of 4 warps an SM; else 168:
-    3)."""
+    """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8 or MXFP4 weight in the
+    standard layout (kernels/fp8_mma.py): 64 / 128-row tiles, 64-256 bytes of a row a step
+    (64-256 fp8 / 128-512 fp4 codes), two steps ahead, 2-6 programs an SM, each without and
+    with a register cap (128 up to 16 rows: 4 programs of 4 warps an SM; else 168: 3)."""
     for fmt in fmts:
         ws = make_weights(fmt, N, K, ROTATE)
+        unit = 64 * fmt.codes_per_group  # codes in 64 bytes of a row
         for M in Ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             configs = []
             caps = (None, 128 if M <= 16 else 168)
             for v, u, per_sm, cap in itertools.product((1, 2), (1, 2, 4), (2, 3, 4, 6), caps):
-                split = max(1, min(K // (64 * u), round(per_sm * km._sm_count(x.device)
-                                                        / (N // (64 * v)))))
+                split = max(1, min(K // (unit * u), round(per_sm * km._sm_count(x.device)
+                                                          / (N // (64 * v)))))
                 configs.append(fp8_mma.MmaConfig(v, u, split, maxnreg=cap))
-            default = fp8_mma.default_config(M, N, K, 32, x.device)
+            default = fp8_mma.default_config(fmt, M, N, K, 32, x.device)
             # the tile of 16 rows (4 programs an SM) at every M, for comparison
-            small = fp8_mma.default_config(16, N, K, 32, x.device)
+            small = fp8_mma.default_config(fmt, 16, N, K, 32, x.device)
             rows = time_configs(configs + [default], lambda i, cfg: fp8_mma.fp8_mma_linear(
                 x, ws[i]._scale_e8m0, ws[i]._data, fmt, 32, None, torch.bfloat16, cfg), x, ws,
                 f"fp8_mma {fmt.name} M={M}")
@@ -382,7 +383,7 @@ def main():
         if 1 in Ms:
             gemv_sweep([f for f in fmts if f in (dtypes.float8_e4m3, dtypes.float8_e5m2,
                                                  dtypes.int8)], N, K)
-        fp8_mma_sweep([f for f in fmts if f in (dtypes.float8_e4m3, dtypes.float8_e5m2)],
+        fp8_mma_sweep([f for f in fmts if f in fp8_mma.FAST_SCALES],
                       [m for m in Ms if 2 <= m <= 64], N, K)
         if dtypes.float4_e2m1 in fmts:
             fragment_sweep([int(m) for m in (args.m or "1,16,32,64").split(",")], N, K)

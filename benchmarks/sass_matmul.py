@@ -102,7 +102,7 @@ def byte_gemv_per_code(fmt):
 def fp8_mma_per_code(fmt):
     """(loop instructions per code, the most frequent opcodes) of fp8_mma at M = 16 and its
     default tile (register cap included)."""
-    cfg = fp8_mma.default_config(16, 8192, 8192, 32, torch.device("cpu"))
+    cfg = fp8_mma.default_config(fmt, 16, 8192, 8192, 32, torch.device("cpu"))
     low, high = fp8_mma.FAST_SCALES[fmt]
     constants = dict(BLOCK=32, BLOCK_M=16, V=cfg.v, U=cfg.u, SPLIT=2, AHEAD=cfg.ahead,
                      HAS_BIAS=False, E5M2=fmt == dtypes.float8_e5m2, S_MIN=low, S_MAX=high,
@@ -113,7 +113,7 @@ def fp8_mma_per_code(fmt):
                             tuple(pointers) + ("M", "K", "N", "stride_xm", "stride_wn",
                                                "stride_sn", "stride_om"), num_warps=4,
                             **({} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}))
-    codes = 64 * cfg.v * 64 * cfg.u / 128  # per thread and step
+    codes = 64 * cfg.v * 64 * cfg.u * fmt.codes_per_group / 128  # per thread and step
     return cfg, *_counted(kernel, codes, "HGMMA")
 
 
@@ -133,9 +133,9 @@ def main():
         cfg, per_code, common = byte_gemv_per_code(fmt)
         tile = f"{cfg.block_n} x {cfg.pieces}, {cfg.num_warps} warps"
         print(f"{fmt.name:12s} {'byte_gemv':12s} {tile:>16s} {per_code:20.2f}  {common}")
-    for fmt in (dtypes.float8_e4m3, dtypes.float8_e5m2):
+    for fmt in (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float4_e2m1):
         cfg, per_code, common = fp8_mma_per_code(fmt)
-        tile = f"{64 * cfg.v} x {64 * cfg.u}, 4 warps"
+        tile = f"{64 * cfg.v} x {64 * cfg.u * fmt.codes_per_group}, 4 warps"
         print(f"{fmt.name:12s} {'fp8_mma':12s} {tile:>16s} {per_code:20.2f}  {common}")
 
 

@@ -1,5 +1,5 @@
-"""The tensor-core kernel for 2..64 activation rows times an MXFP8 weight in the standard layout
-(torchmx/kernels/fp8_mma.py) and its dispatch from fused_linear.
+"""The tensor-core kernel for 2..64 activation rows times an MXFP8 or MXFP4 weight in the
+standard layout (torchmx/kernels/fp8_mma.py) and its dispatch from fused_linear.
 
 On CPU it runs under Triton's interpreter (conftest sets it): tl.loads, the exact fp32 decode
 times the kernel's own multipliers (so the same pieces are poisoned and the same programs take
@@ -24,6 +24,7 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
 CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 FP8 = ["float8_e4m3", "float8_e5m2"]
+FORMATS = FP8 + ["float4_e2m1"]
 MmaConfig = fp8_mma.MmaConfig
 # Tiles of 64 / 128 rows and 64-256 columns, one and two steps ahead, K in 1-3 parts.
 CONFIGS = [MmaConfig(1, 1, 1, 1), MmaConfig(1, 2, 3, 2), MmaConfig(2, 1, 2, 1),
@@ -37,14 +38,18 @@ def _mma(x, w, bias=None, config=None, out_dtype=None):
                                   out_dtype or x.dtype, config)
 
 
-@pytest.mark.parametrize("fmt", FP8)
+def _per_byte(fmt):
+    """Codes a byte: a step of u 64-byte units spans 64 u of them."""
+    return 2 if fmt == "float4_e2m1" else 1
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
-@pytest.mark.parametrize("M,N,K", [(16, 128, 256), (2, 128, 512), (33, 256, 256),
-                                   (64, 128, 768)])
-def test_exact_on_exact_sums(fmt, config, M, N, K):
+@pytest.mark.parametrize("M,N,units", [(16, 128, 4), (2, 128, 8), (33, 256, 4), (64, 128, 12)])
+def test_exact_on_exact_sums(fmt, config, M, N, units):
     """Whole and partial activation tiles (M of 16, 32, 64 rows), K in 1-12 steps, split or
     not, odd and even step counts (the unrolled one-ahead loop's extra step)."""
-    x, w = integer_operands(fmt, M, N, K)
+    x, w = integer_operands(fmt, M, N, 64 * units * _per_byte(fmt))
     bias = torch.randint(-8, 9, (N,)).to(torch.bfloat16).to(DEVICE)
     out = _mma(x, w, bias, config)
     assert out.dtype == torch.bfloat16 and out.shape == (M, N)
@@ -52,27 +57,29 @@ def test_exact_on_exact_sums(fmt, config, M, N, K):
     torch.testing.assert_close(_mma(x, w, None, config), reference(x, w), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
-def test_block_sizes_and_fp32_output(block_size):
-    K = max(2 * block_size, 256)
-    x, w = integer_operands("float8_e4m3", 5, 64, K, block_size=block_size)
-    out = _mma(x, w, None, MmaConfig(1, max(1, block_size // 64), 2), torch.float32)
+@pytest.mark.parametrize("fmt,block_size", [("float8_e4m3", b) for b in (16, 32, 64, 128, 256)]
+                         + [("float4_e2m1", b) for b in (32, 64, 128, 256)])
+def test_block_sizes_and_fp32_output(fmt, block_size):
+    unit = 64 * _per_byte(fmt)
+    K = max(2 * block_size, 4 * unit)
+    x, w = integer_operands(fmt, 5, 64, K, block_size=block_size)
+    out = _mma(x, w, None, MmaConfig(1, max(1, block_size // unit), 2), torch.float32)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, x.float() @ w.dequantize(torch.float32).t(), rtol=0, atol=0)
 
 
 @settings(max_examples=10, deadline=None)
-@given(fmt=st.sampled_from(FP8), M=st.integers(2, 64), tiles_n=st.integers(1, 3),
+@given(fmt=st.sampled_from(FORMATS), M=st.integers(2, 64), tiles_n=st.integers(1, 3),
        steps=st.integers(1, 5), v=st.sampled_from([1, 2]), u=st.sampled_from([1, 2]),
        split=st.integers(1, 4), ahead=st.sampled_from([1, 2]), seed=st.integers(0, 99))
 def test_any_tile_is_exact(fmt, M, tiles_n, steps, v, u, split, ahead, seed):
-    N, K = 64 * v * tiles_n, 64 * u * steps
+    N, K = 64 * v * tiles_n, 64 * u * steps * _per_byte(fmt)
     x, w = integer_operands(fmt, M, N, K, seed=seed)
     out = _mma(x, w, None, MmaConfig(v, u, split, ahead))
     torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_random_within_fp32_accumulation(fmt):
     torch.manual_seed(3)
     x = torch.randn(7, 512, dtype=torch.bfloat16, device=DEVICE)
@@ -88,7 +95,8 @@ def _one_product_per_row(fmt, codes, scales):
     w = MXTensor.to_mx(torch.zeros(256, 256, device=DEVICE), fmt, 32)
     n = torch.arange(256, device=DEVICE)
     data = torch.zeros_like(w._data)
-    data[n, n] = codes.to(torch.uint8).to(DEVICE)
+    per_byte = _per_byte(fmt)  # fp4: code 2 i in the low nibble of byte i
+    data[n, n // per_byte] = (codes.to(DEVICE) << (4 * (n % per_byte))).to(torch.uint8)
     scale = torch.full_like(w._scale_e8m0, 127)
     scale[n, n // 32] = scales.to(torch.uint8).to(DEVICE)
     w = w._replace(scale, data)
@@ -96,21 +104,24 @@ def _one_product_per_row(fmt, codes, scales):
     return x.to(DEVICE), w
 
 
-@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_every_code(fmt):
-    """Every byte value decodes exactly (NaN codes to NaN, e5m2's Inf codes to Inf, and
-    Inf * 0 to NaN), at every byte of a word and every piece of a step; the programs that meet
-    a NaN or Inf code recompute their tiles exactly."""
-    x, w = _one_product_per_row(fmt, torch.arange(256), torch.full((256,), 127))
+    """Every code decodes exactly (NaN codes to NaN, e5m2's Inf codes to Inf, and Inf * 0 to
+    NaN), at every byte (and nibble) of a word and every piece of a step; the programs that
+    meet a NaN or Inf code recompute their tiles exactly."""
+    codes = torch.arange(256) % (16 if fmt == "float4_e2m1" else 256)
+    x, w = _one_product_per_row(fmt, codes, torch.full((256,), 127))
     out = _mma(x, w, None, MmaConfig(1, 2, 2), torch.float32)
     expected = x.float() @ w.dequantize(torch.float32).t()
-    assert expected.isnan().any() and (fmt == "float8_e4m3" or expected.isinf().any())
+    assert expected.isnan().any() == (fmt in FP8) and expected.isinf().any() == (fmt == FP8[1])
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("fmt,code", [("float8_e4m3", 0x01), ("float8_e4m3", 0x3A),
                                       ("float8_e4m3", 0x7E), ("float8_e5m2", 0x01),
-                                      ("float8_e5m2", 0x3B), ("float8_e5m2", 0x7B)])
+                                      ("float8_e5m2", 0x3B), ("float8_e5m2", 0x7B),
+                                      ("float4_e2m1", 0x1), ("float4_e2m1", 0xB),
+                                      ("float4_e2m1", 0x7)])
 def test_every_scale(fmt, code):
     """Every scale byte, in and outside FAST_SCALES, for the smallest subnormal code (the lower
     end of FAST_SCALES: below it its product leaves bf16's range), a middle one and the
@@ -123,24 +134,28 @@ def test_every_scale(fmt, code):
     assert out[0, 255].isnan() and out[0, 0] != 0
 
 
-@pytest.mark.parametrize("fmt", FP8)
-@pytest.mark.parametrize("poison", ["nan code", "inf code", "tiny scale", "huge scale",
-                                    "nan x"])
+_POISONS = ["nan code", "inf code", "tiny scale", "huge scale", "nan scale", "nan x"]
+
+
+@pytest.mark.parametrize("fmt,poison", [(f, p) for f in FP8 for p in _POISONS]
+                         + [("float4_e2m1", p) for p in ("huge scale", "nan scale", "nan x")])
 def test_poisoned_pieces_recompute_exactly(fmt, poison):
-    """One piece off the fast path among ordinary ones: its program recomputes its whole tile
-    exactly, the other outputs of that tile included, and the other programs are untouched."""
+    """One piece off the fast path among ordinary ones (e2m1 has no NaN or Inf code, and its
+    fast path holds every scale up to 2**1): its program recomputes its whole tile exactly,
+    the other outputs of that tile included, and the other programs are untouched."""
     x, w = integer_operands(fmt, 16, 256, 512)
     scale, data = w._scale_e8m0.clone(), w._data.clone()
+    per_byte = _per_byte(fmt)
     if poison == "nan code":
         data[70, 100] = 0x7F
     elif poison == "inf code":
         data[70, 100] = 0x7C if fmt == "float8_e5m2" else 0x7F
         x[3, 100] = 0  # Inf * 0 (or NaN * 0): NaN in that output only for Inf
-    elif poison in ("tiny scale", "huge scale"):
+    elif poison.endswith("scale"):
         # row 70 keeps only block 3 (multiples of 64 codes' units), so its sums stay exact
-        data[70, :96] = 0
-        data[70, 128:] = 0
-        scale[70, 3] = 1 if poison == "tiny scale" else 150
+        data[70, :96 // per_byte] = 0
+        data[70, 128 // per_byte:] = 0
+        scale[70, 3] = {"tiny scale": 1, "huge scale": 150, "nan scale": 255}[poison]
     else:
         x[5, 300] = float("nan")
     w = w._replace(scale, data)
@@ -150,13 +165,18 @@ def test_poisoned_pieces_recompute_exactly(fmt, poison):
 
 
 def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
-    """N or K of 0, N or K off the 64-grid, one row, fp16 or strided x: `eligible` refuses
-    them and fused_linear gives the same result through its other kernels."""
+    """N or K of 0, N or K off the 64-grid (K off the 128-grid for fp4), one row, fp16 or
+    strided x: `eligible` refuses them and fused_linear gives the same result through its other
+    kernels."""
     monkeypatch.setattr(fp8_mma, "fp8_mma_linear", None)  # not called
     bf16, fp16 = torch.bfloat16, torch.float16
-    for M, N, K, dtype in [(4, 0, 64, bf16), (4, 64, 0, bf16), (4, 96, 128, bf16),
-                           (4, 64, 96, bf16), (1, 64, 128, bf16), (4, 64, 128, fp16)]:
-        x, w = integer_operands("float8_e4m3", M, N, K, dtype)
+    for fmt, M, N, K, dtype in [
+            ("float8_e4m3", 4, 0, 64, bf16), ("float8_e4m3", 4, 64, 0, bf16),
+            ("float8_e4m3", 4, 96, 128, bf16), ("float8_e4m3", 4, 64, 96, bf16),
+            ("float8_e4m3", 1, 64, 128, bf16), ("float8_e4m3", 4, 64, 128, fp16),
+            ("float4_e2m1", 4, 64, 64, bf16), ("float4_e2m1", 4, 64, 192, bf16),
+            ("float4_e2m1", 4, 96, 256, bf16), ("float4_e2m1", 1, 64, 256, bf16)]:
+        x, w = integer_operands(fmt, M, N, K, dtype)
         assert not fp8_mma.eligible(x, w._data, w.elem_dtype, w.block_size)
         out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None,
                               x.dtype)
@@ -166,6 +186,7 @@ def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
     assert not fp8_mma.eligible(strided, w._data, w.elem_dtype, w.block_size)
     assert not fp8_mma.eligible(x, w._data, dtypes.int8, w.block_size)
     assert not fp8_mma.eligible(x, w._data[:, :64], w.elem_dtype, w.block_size)
+    assert not fp8_mma.eligible(x, w._data, dtypes.float4_e2m1, w.block_size)  # [N, K / 2]
 
 
 def test_fused_linear_and_mx_linear_dispatch_here(monkeypatch):
@@ -186,6 +207,9 @@ def test_fused_linear_and_mx_linear_dispatch_here(monkeypatch):
     km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None, x.dtype,
                     config=km.Config(km.BLOCK_DOTS, 64, 1, 1))
     assert len(calls) == 2
+    x, w = integer_operands("float4_e2m1", 8, 64, 256)
+    torch.testing.assert_close(F.linear(x, w, bias), reference(x, w, bias), rtol=0, atol=0)
+    assert len(calls) == 3
 
 
 @pytest.mark.parametrize("fields,match", [
@@ -211,15 +235,26 @@ def test_bad_calls_name_the_problem():
 
 def test_default_config():
     cpu = torch.device("cpu")  # km._sm_count: 8 "SMs"
+    e4m3, e2m1 = dtypes.float8_e4m3, dtypes.float4_e2m1
+
+    def default(fmt, M, N, K, block_size=32):
+        return fp8_mma.default_config(fmt, M, N, K, block_size, cpu)
+
     # up to 16 rows: 4 programs an SM under a 128-register cap
-    assert fp8_mma.default_config(16, 8192, 8192, 32, cpu) == MmaConfig(1, 2, 1, maxnreg=128)
-    assert fp8_mma.default_config(16, 128, 8192, 32, cpu) == MmaConfig(1, 2, 16, maxnreg=128)
-    assert fp8_mma.default_config(16, 128, 192, 32, cpu) == MmaConfig(1, 1, 3, maxnreg=128)
-    assert fp8_mma.default_config(16, 128, 1024, 256, cpu).u == 4  # a step holds a block
+    assert default(e4m3, 16, 8192, 8192) == MmaConfig(1, 2, 1, maxnreg=128)
+    assert default(e4m3, 16, 128, 8192) == MmaConfig(1, 2, 16, maxnreg=128)
+    assert default(e4m3, 16, 128, 192) == MmaConfig(1, 1, 3, maxnreg=128)
+    assert default(e4m3, 16, 128, 1024, 256).u == 4  # a step holds a block
     # 32 rows: 3 programs an SM under a 168-register cap; 64 rows: 2 an SM
-    assert fp8_mma.default_config(32, 128, 8192, 32, cpu) == MmaConfig(1, 2, 12, maxnreg=168)
-    assert fp8_mma.default_config(64, 128, 8192, 32, cpu) == MmaConfig(1, 2, 8)
-    assert fp8_mma.default_config(64, 192, 8192, 32, cpu) == MmaConfig(1, 2, 5)
+    assert default(e4m3, 32, 128, 8192) == MmaConfig(1, 2, 12, maxnreg=168)
+    assert default(e4m3, 64, 128, 8192) == MmaConfig(1, 2, 8)
+    assert default(e4m3, 64, 192, 8192) == MmaConfig(1, 2, 5)
+    # fp4: 256 columns (128 bytes of a row) a step and 2 programs an SM up to 32 rows, 128 at
+    # 64 rows; fewer where they do not divide K, at least a block
+    assert default(e2m1, 16, 128, 8192) == MmaConfig(1, 2, 8)
+    assert default(e2m1, 32, 128, 384) == MmaConfig(1, 1, 3)
+    assert default(e2m1, 64, 128, 8192) == MmaConfig(1, 1, 8)
+    assert default(e2m1, 64, 128, 1024, 256).u == 2
 
 
 # ---------------------------------------------------------------------------- GPU only
@@ -228,9 +263,10 @@ gpu = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU")
 
 
 @gpu
-@pytest.mark.parametrize("fmt", FP8)
-@pytest.mark.parametrize("M,N,K", [(16, 8192, 8192), (2, 4096, 14336), (24, 8192, 8192),
-                                   (64, 14336, 4096), (33, 1024, 4160)])
+@pytest.mark.parametrize("fmt,M,N,K", [
+    (fmt, *shape) for fmt in FORMATS
+    for shape in [(16, 8192, 8192), (2, 4096, 14336), (24, 8192, 8192), (64, 14336, 4096),
+                  (33, 1024, 4224 if fmt == "float4_e2m1" else 4160)]])
 def test_gpu_real_sizes(fmt, M, N, K):
     torch.manual_seed(N + M)
     w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)

@@ -57,7 +57,10 @@ PIECE = 16  # bytes a lane loads from one row per 64 columns
 # Scale bytes s for which the decode's one multiply is exact: 2**(s - 7) (e4m3) or 2**(s - 15)
 # (e5m2) is a normal bf16 (s <= 134 / 142), and the format's smallest step times 2**(s - 127)
 # is at least bf16's smallest subnormal 2**-133 (e4m3: 2**-9, s >= 3; e5m2: 2**-16, s >= 10).
-FAST_SCALES = {dtypes.float8_e4m3: (3, 134), dtypes.float8_e5m2: (10, 142)}
+# e2m1: 2**(s - 1) is a normal bf16 for s <= 128, and every value times 2**(s - 127) lies on
+# bf16's grid for every s.
+FAST_SCALES = {dtypes.float8_e4m3: (3, 134), dtypes.float8_e5m2: (10, 142),
+               dtypes.float4_e2m1: (0, 128)}
 
 # A lane's two 16-byte pieces (row g's at $10, row g + 8's $12 bytes on) and their scale bytes
 # (at $11, and $13 bytes on), where $14 != 0; else undefined words and scale bytes -1. Plain
@@ -71,7 +74,8 @@ _LOAD_STEP = tl.constexpr(
     "@p ld.global.L1::no_allocate.v4.u32 {$4, $5, $6, $7}, [a8]; "
     "@p ld.global.u8 $8, [$11]; "
     "@p ld.global.u8 $9, [s8]; }")
-# Four codes of a word (code i in byte i) -> bf16 halves ($0..$3) times the bf16x2 multiplier $5.
+# Four fp8 codes of a word (code i in byte i) -> bf16 halves ($0..$3) times the bf16x2
+# multiplier $5.
 _DECODE = """{ .reg .b32 x0, x1;
 prmt.b32 x0, $4, 0, 0x9180;
 prmt.b32 x1, $4, 0, 0xB3A2;
@@ -85,13 +89,40 @@ mov.b32 {$0, $1}, x0;
 mov.b32 {$2, $3}, x1; }"""
 _DECODE_E4M3 = tl.constexpr(_DECODE.replace("SHIFT", "4").replace("MASK", "0x87F087F0"))
 _DECODE_E5M2 = tl.constexpr(_DECODE.replace("SHIFT", "5").replace("MASK", "0x8FE08FE0"))
+# Eight e2m1 codes of a word (code j in bits 4 j ..) -> bf16 halves ($0..$7) times the bf16x2
+# multiplier $9. A byte permute puts the two codes of byte i in the top nibbles of the low
+# bytes of the two 16-bit halves (the low one's from the word shifted by 4), each sign
+# repeated above; a shift by 2 brings sign, exponent and mantissa to their bf16 positions and
+# a mask clears the rest: the code's value times 2**-126, subnormals included.
+_DECODE_E2M1 = tl.constexpr("""{ .reg .b32 lo, x0, x1, x2, x3;
+shl.b32 lo, $8, 4;
+prmt.b32 x0, lo, $8, 0xC480;
+prmt.b32 x1, lo, $8, 0xD591;
+prmt.b32 x2, lo, $8, 0xE6A2;
+prmt.b32 x3, lo, $8, 0xF7B3;
+shl.b32 x0, x0, 2;
+shl.b32 x1, x1, 2;
+shl.b32 x2, x2, 2;
+shl.b32 x3, x3, 2;
+and.b32 x0, x0, 0x81C081C0;
+and.b32 x1, x1, 0x81C081C0;
+and.b32 x2, x2, 0x81C081C0;
+and.b32 x3, x3, 0x81C081C0;
+mul.rn.bf16x2 x0, x0, $9;
+mul.rn.bf16x2 x1, x1, $9;
+mul.rn.bf16x2 x2, x2, $9;
+mul.rn.bf16x2 x3, x3, $9;
+mov.b32 {$0, $1}, x0;
+mov.b32 {$2, $3}, x1;
+mov.b32 {$4, $5}, x2;
+mov.b32 {$6, $7}, x3; }""")
 
 
 @triton.jit
 def _pointers(w_ptr, s_ptr, n0, k0, stride_wn, stride_sn, stride_sk, BLOCK: tl.constexpr,
-              V: tl.constexpr, U: tl.constexpr):
+              V: tl.constexpr, U: tl.constexpr, CPG: tl.constexpr):
     """[4 (warp), V, U, 32 (lane)] pointers to each lane's piece of row n0 + 64 v + 16 w + g
-    (lane 4 g + t) at column k0 + 64 u + 16 t, and to its scale byte."""
+    (lane 4 g + t) at byte k0 + 64 u + 16 t, and to its scale byte (CPG codes a byte)."""
     iw = tl.arange(0, 4)[:, None, None, None]
     iv = tl.arange(0, V)[None, :, None, None]
     iu = tl.arange(0, U)[None, None, :, None]
@@ -99,7 +130,7 @@ def _pointers(w_ptr, s_ptr, n0, k0, stride_wn, stride_sn, stride_sk, BLOCK: tl.c
     row = n0 + 64 * iv + 16 * iw + lane // 4
     col = k0 + 64 * iu + 16 * (lane % 4)
     return (w_ptr + row * stride_wn + col,
-            s_ptr + row * stride_sn + (col // BLOCK) * stride_sk)
+            s_ptr + row * stride_sn + (col * CPG // BLOCK) * stride_sk)
 
 
 @triton.jit
@@ -108,17 +139,23 @@ def _or(a, b):
 
 
 @triton.jit
-def _multiplier(words, s, E5M2: tl.constexpr, S_MIN: tl.constexpr, S_MAX: tl.constexpr):
+def _multiplier(words, s, E5M2: tl.constexpr, S_MIN: tl.constexpr, S_MAX: tl.constexpr,
+                CPG: tl.constexpr):
     """bf16x2 bits (int32) of each word's piece multiplier, from the words [..., 4 (q)] of the
     pieces and their scale bytes s (the same shape, -1 where the loads were off): 2**(s - 7)
-    (e4m3) / 2**(s - 15) (e5m2) in both halves; NaN where the piece has a NaN / Inf code (the
-    top bit of a byte of `(word & MASK) + ONES`: magnitude / exponent all ones) or s is outside
-    [S_MIN, S_MAX]; 0 where the loads were off (a step past the end then adds zeros)."""
-    MASK: tl.constexpr = 0x7C7C7C7C if E5M2 else 0x7F7F7F7F
-    ONES: tl.constexpr = 0x04040404 if E5M2 else 0x01010101
-    special = tl.reduce((words & MASK) + ONES, len(words.shape) - 1, _or, keep_dims=True)
-    fast = ((special & -2139062144) == 0) & (s >= S_MIN) & (s <= S_MAX)  # 0x80808080
-    m = tl.where(fast, (s + (112 if E5M2 else 120)) * 0x00800080, 0x7FC07FC0)
+    (e4m3), 2**(s - 15) (e5m2) or 2**(s - 1) (e2m1, CPG 2) in both halves; NaN where s is
+    outside [S_MIN, S_MAX] or the piece has a NaN / Inf code (fp8: the top bit of a byte of
+    `(word & MASK) + ONES`, magnitude / exponent all ones); 0 where the loads were off (a step
+    past the end then adds zeros)."""
+    fast = (s >= S_MIN) & (s <= S_MAX)
+    if CPG == 2:
+        m = tl.where(fast, (s + 126) * 0x00800080, 0x7FC07FC0)
+    else:
+        MASK: tl.constexpr = 0x7C7C7C7C if E5M2 else 0x7F7F7F7F
+        ONES: tl.constexpr = 0x04040404 if E5M2 else 0x01010101
+        special = tl.reduce((words & MASK) + ONES, len(words.shape) - 1, _or, keep_dims=True)
+        fast = fast & ((special & -2139062144) == 0)  # 0x80808080
+        m = tl.where(fast, (s + (112 if E5M2 else 120)) * 0x00800080, 0x7FC07FC0)
     return tl.where(s < 0, 0, m)
 
 
@@ -167,12 +204,10 @@ def _load(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
-def _decode_tile(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.constexpr,
-                 BITS: tl.constexpr, MBITS: tl.constexpr, HAS_NAN: tl.constexpr,
-                 TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
-    """W's tile [64 V, 64 U] in the permuted column order, each code's value times its piece's
-    multiplier times the decode's 2**-120 / 2**-112: bf16 (fp32 in the interpreter, exact)."""
-    # words, multiplier: [4 (w), V, U, 32 (lane), 2 (a), 4 (q)]
+def _decode_fp8(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.constexpr,
+                BITS: tl.constexpr, MBITS: tl.constexpr, HAS_NAN: tl.constexpr,
+                TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
+    """_decode_tile for e4m3 / e5m2 codes (4 a word): [64 V, 64 U]."""
     if INTERPRETER:
         scale = (multiplier << 16).to(tl.float32, bitcast=True) \
             * (2.0 ** -112 if E5M2 else 2.0 ** -120)
@@ -200,9 +235,61 @@ def _decode_tile(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.c
 
 
 @triton.jit
-def _x_columns(k0, U: tl.constexpr):
-    """The physical columns of x for the logical columns 0 .. 64 U of a step at k0."""
-    L = tl.arange(0, 64 * U)
+def _nibble(words, j: tl.constexpr, scale, BITS: tl.constexpr, MBITS: tl.constexpr,
+            TO_VALUE: tl.constexpr):
+    return decode_value((words >> (4 * j)) & 0xF, False, BITS, MBITS, False, False, 1.0,
+                        TO_VALUE) * scale
+
+
+@triton.jit
+def _decode_e2m1(words, multiplier, V: tl.constexpr, U: tl.constexpr, BITS: tl.constexpr,
+                 MBITS: tl.constexpr, TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
+    """_decode_tile for e2m1 codes (8 a word): [64 V, 128 U]."""
+    if INTERPRETER:
+        scale = (multiplier << 16).to(tl.float32, bitcast=True) * 2.0 ** -126
+        v0, v1 = _nibble(words, 0, scale, BITS, MBITS, TO_VALUE), \
+            _nibble(words, 1, scale, BITS, MBITS, TO_VALUE)
+        v2, v3 = _nibble(words, 2, scale, BITS, MBITS, TO_VALUE), \
+            _nibble(words, 3, scale, BITS, MBITS, TO_VALUE)
+        v4, v5 = _nibble(words, 4, scale, BITS, MBITS, TO_VALUE), \
+            _nibble(words, 5, scale, BITS, MBITS, TO_VALUE)
+        v6, v7 = _nibble(words, 6, scale, BITS, MBITS, TO_VALUE), \
+            _nibble(words, 7, scale, BITS, MBITS, TO_VALUE)
+    else:
+        v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+            _DECODE_E2M1, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, multiplier],
+            dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    # code j = 4 s + 2 h + b of word q is logical column 32 q + 16 s + 8 h + 2 t + b of its 128
+    tile = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)),
+                   tl.join(tl.join(v1, v5), tl.join(v3, v7)))  # [..., a, q, s, h, b]
+    tile = tile.reshape(4, V, U, 8, 4, 2, 4, 2, 2, 2)  # w V U g t a q s h b
+    tile = tl.permute(tile, [1, 0, 5, 3, 2, 6, 7, 8, 4, 9])  # rows (V w a g), cols (U q s h t b)
+    return tile.reshape(64 * V, 128 * U)
+
+
+@triton.jit
+def _decode_tile(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.constexpr,
+                 BITS: tl.constexpr, MBITS: tl.constexpr, HAS_NAN: tl.constexpr,
+                 TO_VALUE: tl.constexpr, CPG: tl.constexpr, INTERPRETER: tl.constexpr):
+    """W's tile [64 V, 64 U CPG] in the permuted column order, each code's value times its
+    piece's multiplier times the decode's 2**-120 / 2**-112 / 2**-126 (e4m3 / e5m2 / e2m1):
+    bf16 (fp32 in the interpreter, exact). words, multiplier: [4 (w), V, U, 32 (lane), 2 (a),
+    4 (q)]."""
+    if CPG == 2:
+        tile = _decode_e2m1(words, multiplier, V, U, BITS, MBITS, TO_VALUE, INTERPRETER)
+    else:
+        tile = _decode_fp8(words, multiplier, V, U, E5M2, BITS, MBITS, HAS_NAN, TO_VALUE,
+                           INTERPRETER)
+    return tile
+
+
+@triton.jit
+def _x_columns(k0, U: tl.constexpr, CPG: tl.constexpr):
+    """The physical columns of x for the logical columns 0 .. 64 U CPG of a step at column k0."""
+    L = tl.arange(0, 64 * U * CPG)
+    if CPG == 2:
+        u, q, s, h, t, b = L // 128, (L // 32) % 4, (L // 16) % 2, (L // 8) % 2, (L // 2) % 4, L % 2
+        return k0 + 128 * u + 32 * t + 8 * q + 4 * s + 2 * h + b
     u, q, h, t, b = L // 64, (L // 16) % 4, (L // 8) % 2, (L // 2) % 4, L % 2
     return k0 + 64 * u + 16 * t + 4 * q + 2 * h + b
 
@@ -210,13 +297,14 @@ def _x_columns(k0, U: tl.constexpr):
 @triton.jit
 def _step(acc, words, scales, x_ptrs, m_ok, V: tl.constexpr, U: tl.constexpr,
           E5M2: tl.constexpr, S_MIN: tl.constexpr, S_MAX: tl.constexpr, BITS: tl.constexpr,
-          MBITS: tl.constexpr, HAS_NAN: tl.constexpr, TO_VALUE: tl.constexpr,
+          MBITS: tl.constexpr, HAS_NAN: tl.constexpr, TO_VALUE: tl.constexpr, CPG: tl.constexpr,
           INTERPRETER: tl.constexpr):
     """acc + W's step tile (decoded from `words` and their pieces' scale bytes) times x's
     matching columns."""
     x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
-    multiplier = _multiplier(words, scales, E5M2, S_MIN, S_MAX)
-    w = _decode_tile(words, multiplier, V, U, E5M2, BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+    multiplier = _multiplier(words, scales, E5M2, S_MIN, S_MAX, CPG)
+    w = _decode_tile(words, multiplier, V, U, E5M2, BITS, MBITS, HAS_NAN, TO_VALUE, CPG,
+                     INTERPRETER)
     if INTERPRETER:
         return acc + tl.dot(w, tl.trans(x).to(tl.float32), input_precision="ieee")
     else:
@@ -227,16 +315,18 @@ def _step(acc, words, scales, x_ptrs, m_ok, V: tl.constexpr, U: tl.constexpr,
 def _exact_tile(x_ptr, w_ptr, s_ptr, n0, k_first, k_count, M, stride_xm, stride_wn, stride_sn,
                 stride_sk, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 E5M2: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
-                HAS_NAN: tl.constexpr, TO_VALUE: tl.constexpr):
-    """The tile's sums over the k_count columns from k_first (a multiple of 16), with W decoded
-    exactly in fp32 (NaN and Inf codes, any scale) and fp32 products and sums, 16 columns at a
-    time in plain column order."""
+                HAS_NAN: tl.constexpr, TO_VALUE: tl.constexpr, CPG: tl.constexpr):
+    """The tile's sums over the k_count columns (codes) from k_first (a multiple of 16), with W
+    decoded exactly in fp32 (NaN and Inf codes, any scale) and fp32 products and sums, 16
+    columns at a time in plain column order."""
     rows = n0 + tl.arange(0, BLOCK_N)[:, None]
     offs_m = tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_first, k_first + k_count, 16):
         cols = k0 + tl.arange(0, 16)
-        codes = tl.load(w_ptr + rows * stride_wn + cols[None, :]).to(tl.int32)
+        codes = tl.load(w_ptr + rows * stride_wn + cols[None, :] // CPG).to(tl.int32)
+        if CPG == 2:  # code 2 i in the low nibble of byte i
+            codes = (codes >> (4 * (cols[None, :] % 2))) & 0xF
         s = tl.load(s_ptr + rows * stride_sn + (k0 // BLOCK) * stride_sk).to(tl.int32)
         w = decode_value(codes, False, BITS, MBITS, E5M2, HAS_NAN, 1.0, TO_VALUE) * scale_value(s)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :],
@@ -256,26 +346,29 @@ def fp8_mma_kernel(
     LSB: tl.constexpr, TO_VALUE: tl.constexpr, CPG: tl.constexpr,
 ):
     """Program (tile of 64 V rows of W, part of K): out[m, n] for all m < M <= BLOCK_M, or its
-    fp32 partial with SPLIT > 1. N is a multiple of 64 V, K of 64 U; the `steps` = K / (64 U)
-    steps are shared out over the SPLIT programs of a tile (SPLIT <= steps). The format
-    constants are matmul._format_constants' (E5M2 is HAS_INF)."""
+    fp32 partial with SPLIT > 1. N is a multiple of 64 V, K of 64 U CPG; the `steps` =
+    K / (64 U CPG) steps are shared out over the SPLIT programs of a tile (SPLIT <= steps). The
+    format constants are matmul._format_constants' (E5M2 is HAS_INF; CPG, 1 or 2, the codes a
+    byte)."""
     BLOCK_N: tl.constexpr = 64 * V
-    BLOCK_K: tl.constexpr = 64 * U
+    BLOCK_K: tl.constexpr = 64 * U  # bytes of a row a step
+    STEP_K: tl.constexpr = BLOCK_K * CPG  # columns (codes) a step
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     first, count = split_steps(pid_k, steps, SPLIT)
     tl.assume(count > 0)  # SPLIT <= steps: the loop's zero-trip path never runs
     n0 = pid_n * BLOCK_N
     k_first = first * BLOCK_K
+    x_first = first * STEP_K
     w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
     w_ptrs, s_ptrs = _pointers(w_ptr, s_ptr, n0, k_first, stride_wn, stride_sn, stride_sk,
-                               BLOCK, V, U)
+                               BLOCK, V, U, CPG)
     row8 = 8 * stride_wn
     scale_row8 = 8 * stride_sn
-    S_STEP: tl.constexpr = BLOCK_K // BLOCK  # scale bytes per row and step (BLOCK <= BLOCK_K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + _x_columns(k_first, U)[None, :]
+    S_STEP: tl.constexpr = STEP_K // BLOCK  # scale bytes per row and step (BLOCK <= STEP_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + _x_columns(x_first, U, CPG)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     words, scales = _load(w_ptrs, s_ptrs, row8, scale_row8, count > 0, INTERPRETER)
     if AHEAD == 2:
@@ -286,8 +379,8 @@ def fp8_mma_kernel(
             words2, scales2 = _load(w_ptrs + (i + 2) * BLOCK_K,
                                     s_ptrs + (i + 2) * S_STEP * stride_sk, row8, scale_row8,
                                     i + 2 < count, INTERPRETER)
-            acc = _step(acc, words, scales, x_ptrs + i * BLOCK_K, m_ok, V, U, E5M2, S_MIN, S_MAX,
-                        BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+            acc = _step(acc, words, scales, x_ptrs + i * STEP_K, m_ok, V, U, E5M2, S_MIN, S_MAX,
+                        BITS, MBITS, HAS_NAN, TO_VALUE, CPG, INTERPRETER)
             words, scales = words1, scales1
             words1, scales1 = words2, scales2
     else:
@@ -299,19 +392,19 @@ def fp8_mma_kernel(
             words1, scales1 = _load(w_ptrs + (2 * j + 1) * BLOCK_K,
                                     s_ptrs + (2 * j + 1) * S_STEP * stride_sk, row8, scale_row8,
                                     odd_ok, INTERPRETER)
-            acc = _step(acc, words, scales, x_ptrs + 2 * j * BLOCK_K, m_ok, V, U, E5M2, S_MIN,
-                        S_MAX, BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+            acc = _step(acc, words, scales, x_ptrs + 2 * j * STEP_K, m_ok, V, U, E5M2, S_MIN,
+                        S_MAX, BITS, MBITS, HAS_NAN, TO_VALUE, CPG, INTERPRETER)
             words, scales = _load(w_ptrs + (2 * j + 2) * BLOCK_K,
                                   s_ptrs + (2 * j + 2) * S_STEP * stride_sk, row8, scale_row8,
                                   2 * j + 2 < count, INTERPRETER)
-            acc = _step(acc, words1, scales1, x_ptrs + (2 * j + 1) * BLOCK_K, m_ok & odd_ok, V,
-                        U, E5M2, S_MIN, S_MAX, BITS, MBITS, HAS_NAN, TO_VALUE, INTERPRETER)
+            acc = _step(acc, words1, scales1, x_ptrs + (2 * j + 1) * STEP_K, m_ok & odd_ok, V,
+                        U, E5M2, S_MIN, S_MAX, BITS, MBITS, HAS_NAN, TO_VALUE, CPG, INTERPRETER)
     # A piece off the fast path made its products NaN; Inf / NaN sums have other causes too
     # (x, overflow). Either way the exact recomputation gives the contract's result.
     if tl.max((tl.abs(acc) == float("inf")) | (acc != acc)):
-        acc = _exact_tile(x_ptr, w_ptr, s_ptr, n0, k_first, count * BLOCK_K, M, stride_xm,
+        acc = _exact_tile(x_ptr, w_ptr, s_ptr, n0, x_first, count * STEP_K, M, stride_xm,
                           stride_wn, stride_sn, stride_sk, BLOCK, BLOCK_M, BLOCK_N, E5M2, BITS,
-                          MBITS, HAS_NAN, TO_VALUE)
+                          MBITS, HAS_NAN, TO_VALUE, CPG)
     cols = (n0 + tl.arange(0, BLOCK_N))[:, None]
     rows = offs_m[None, :]
     mask = rows < M
@@ -337,21 +430,33 @@ class MmaConfig:
         check_tile(self)
 
 
-# Per tile of activation rows (16, 32, 64): programs per SM and register cap, for tiles of 64
-# W rows. K is split so that one wave of programs fills the SMs at the registers ptxas takes:
-# about 134 a thread at 16 rows, capped at 128 (4 programs of 4 warps a SM, no spills), about
-# 165 at 32 rows, capped at 168 (3), about 226 at 64 rows (2). From H100 sweeps at
-# N = K = 8192 (docs/performance.md, tenth session), where 128-row tiles did no better.
-_TILES = {16: (4, 128), 32: (3, 168), 64: (2, None)}
+# Per format (codes a byte) and tile of activation rows (16, 32, 64): 64-byte units of a row a
+# step (u), programs per SM and register cap, for tiles of 64 W rows. K is split so that one
+# wave of programs fills the SMs at the registers ptxas takes. fp8: 128 codes a step; about
+# 134 registers a thread at 16 rows, capped at 128 (4 programs of 4 warps a SM, no spills),
+# about 165 at 32 rows, capped at 168 (3), about 226 at 64 rows (2). fp4: 256 codes a step up to
+# 32 rows (about 196 registers, 2 programs a SM), 128 at 64 rows. From H100 sweeps at
+# N = K = 8192 (docs/performance.md, tenth and eleventh sessions), where 128-row tiles did no
+# better.
+_TILES = {(1, 16): (2, 4, 128), (1, 32): (2, 3, 168), (1, 64): (2, 2, None),
+          (2, 16): (2, 2, None), (2, 32): (2, 2, None), (2, 64): (1, 2, None)}
 
 
-def default_config(M: int, N: int, K: int, block_size: int, device: torch.device) -> MmaConfig:
-    """Tiles of 64 W rows x 128 columns a step (64 when K is not a multiple of 128; at least a
-    block), W's words loaded two steps ahead, and K split into one wave of programs at the
-    programs per SM and register cap of `_TILES` for M's activation-row tile."""
-    per_sm, maxnreg = _TILES[_block_m(M)]
-    u = max(2 if K % 128 == 0 else 1, block_size // CHUNK)
-    steps = K // (CHUNK * u)
+def _codes_per_byte(fmt: dtypes.DType) -> int:
+    return 2 if fmt == dtypes.float4_e2m1 else 1
+
+
+def default_config(fmt: dtypes.DType, M: int, N: int, K: int, block_size: int,
+                   device: torch.device) -> MmaConfig:
+    """`_TILES`' tile for the format and M's activation-row tile (fewer bytes a step where they
+    do not divide K; at least a block a step), W's words loaded two steps ahead, and K split
+    into one wave of programs at its programs per SM."""
+    unit = CHUNK * _codes_per_byte(fmt)  # the columns of 64 bytes of a row
+    u, per_sm, maxnreg = _TILES[_codes_per_byte(fmt), _block_m(M)]
+    while K % (unit * u):
+        u //= 2
+    u = max(u, block_size // unit)
+    steps = K // (unit * u)
     tiles = N // CHUNK
     split = max(1, min(steps, round(per_sm * _sm_count(device) / tiles)))
     return MmaConfig(1, u, split, maxnreg=maxnreg)
@@ -359,15 +464,17 @@ def default_config(M: int, N: int, K: int, block_size: int, device: torch.device
 
 def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_size: int) -> bool:
     """Whether `fp8_mma_linear` takes this product: 2..64 contiguous bf16 rows x [M, K], an e4m3
-    / e5m2 weight [N, K] with N a non-zero multiple of 64 and K of 64 and of the block size (a
-    multiple of 16), unit stride along K, rows and both tensors 16-byte aligned; an sm_90 GPU
-    (or Triton's interpreter on the CPU)."""
-    if x.dim() != 2 or w_data.dim() != 2:
+    / e5m2 / e2m1 weight [N, K] with N a non-zero multiple of 64 and K of the block size and of
+    the columns of 64 bytes (64 fp8 / 128 fp4 codes); a block a multiple of the codes of 16
+    bytes; unit stride along K, rows and both tensors 16-byte aligned; an sm_90 GPU (or
+    Triton's interpreter on the CPU)."""
+    if x.dim() != 2 or w_data.dim() != 2 or fmt not in FAST_SCALES:
         return False
     (M, K), N = x.shape, w_data.shape[0]
-    return (fmt in FAST_SCALES and block_size % PIECE == 0 and 2 <= M <= 64
-            and x.dtype == torch.bfloat16 and x.is_contiguous() and w_data.shape[1] == K
-            and N > 0 and K > 0 and N % CHUNK == 0 and K % max(CHUNK, block_size) == 0
+    cpb = _codes_per_byte(fmt)
+    return (block_size % (PIECE * cpb) == 0 and 2 <= M <= 64
+            and x.dtype == torch.bfloat16 and x.is_contiguous() and w_data.shape[1] * cpb == K
+            and N > 0 and K > 0 and N % CHUNK == 0 and K % max(CHUNK * cpb, block_size) == 0
             and w_data.stride(1) == 1 and w_data.stride(0) % PIECE == 0
             and _aligned(x) and _aligned(w_data) and usable_on(x.device))
 
@@ -375,23 +482,25 @@ def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_siz
 def fp8_mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
                    fmt: dtypes.DType, block_size: int, bias: Optional[torch.Tensor],
                    out_dtype: torch.dtype, config: Optional[MmaConfig] = None) -> torch.Tensor:
-    """x [M, K] @ W.T + bias (contiguous), rounded once to out_dtype, for the MXFP8 weight W
-    [N, K] given by its codes `w_data` [N, K] and scale bytes `w_scale` [N, K / block_size]."""
+    """x [M, K] @ W.T + bias (contiguous), rounded once to out_dtype, for the MXFP8 or MXFP4
+    weight W [N, K] given by its codes `w_data` [N, K] (fp4: [N, K / 2], two a byte) and scale
+    bytes `w_scale` [N, K / block_size]."""
     if not eligible(x, w_data, fmt, block_size):
         raise ValueError(f"fp8_mma_linear: needs 2..64 contiguous bf16 rows and an e4m3 / e5m2 "
-                         f"weight with N and K multiples of {CHUNK} (K of the block size too), "
-                         f"unit stride along K and "
+                         f"/ e2m1 weight with N a multiple of {CHUNK}, K of the block size and "
+                         f"of 64 bytes of codes, unit stride along K and "
                          f"16-byte aligned rows on an sm_90 GPU (see eligible), got x {x.dtype} "
                          f"{tuple(x.shape)} on {x.device}, {fmt.name} codes "
                          f"{tuple(w_data.shape)} with strides {w_data.stride()}, block size "
                          f"{block_size}")
     M, K = x.shape
     N = w_data.shape[0]
-    cfg = config or default_config(M, N, K, block_size, x.device)
-    if N % (CHUNK * cfg.v) or K % (CHUNK * cfg.u) or CHUNK * cfg.u < block_size:
+    cfg = config or default_config(fmt, M, N, K, block_size, x.device)
+    step = CHUNK * cfg.u * _codes_per_byte(fmt)  # columns a step
+    if N % (CHUNK * cfg.v) or K % step or step < block_size:
         raise ValueError(f"fp8_mma_linear: config {cfg} does not fit N={N}, K={K} (tiles of "
-                         f"{CHUNK} v rows and {CHUNK} u >= {block_size} columns must divide W)")
-    steps = K // (CHUNK * cfg.u)
+                         f"{CHUNK} v rows and {step} >= {block_size} columns must divide W)")
+    steps = K // step
     split = min(cfg.split, steps)
     interpreter = _interpreting()
     out = torch.empty((M, N), dtype=out_dtype, device=x.device)
