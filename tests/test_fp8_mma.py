@@ -1,5 +1,5 @@
-"""The tensor-core kernel for 2..64 activation rows times an MXFP8 or MXFP4 weight in the
-standard layout (torchmx/kernels/fp8_mma.py) and its dispatch from fused_linear.
+"""The tensor-core kernel for 2..64 activation rows times an MXFP8, MXFP4 or MXINT8 weight in
+the standard layout (torchmx/kernels/fp8_mma.py) and its dispatch from fused_linear.
 
 On CPU it runs under Triton's interpreter (conftest sets it): tl.loads, the exact fp32 decode
 times the kernel's own multipliers (so the same pieces are poisoned and the same programs take
@@ -24,7 +24,7 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
 CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 FP8 = ["float8_e4m3", "float8_e5m2"]
-FORMATS = FP8 + ["float4_e2m1"]
+FORMATS = FP8 + ["float4_e2m1", "int8"]
 MmaConfig = fp8_mma.MmaConfig
 # Tiles of 64 / 128 rows and 64-256 columns, one and two steps ahead, K in 1-3 parts.
 CONFIGS = [MmaConfig(1, 1, 1, 1), MmaConfig(1, 2, 3, 2), MmaConfig(2, 1, 2, 1),
@@ -58,7 +58,8 @@ def test_exact_on_exact_sums(fmt, config, M, N, units):
 
 
 @pytest.mark.parametrize("fmt,block_size", [("float8_e4m3", b) for b in (16, 32, 64, 128, 256)]
-                         + [("float4_e2m1", b) for b in (32, 64, 128, 256)])
+                         + [("float4_e2m1", b) for b in (32, 64, 128, 256)]
+                         + [("int8", b) for b in (32, 256)])
 def test_block_sizes_and_fp32_output(fmt, block_size):
     unit = 64 * _per_byte(fmt)
     K = max(2 * block_size, 4 * unit)
@@ -96,7 +97,8 @@ def _one_product_per_row(fmt, codes, scales):
     n = torch.arange(256, device=DEVICE)
     data = torch.zeros_like(w._data)
     per_byte = _per_byte(fmt)  # fp4: code 2 i in the low nibble of byte i
-    data[n, n // per_byte] = (codes.to(DEVICE) << (4 * (n % per_byte))).to(torch.uint8)
+    data[n, n // per_byte] = (codes.to(DEVICE) << (4 * (n % per_byte))).to(torch.uint8).view(
+        data.dtype)  # MXINT8's codes are int8
     scale = torch.full_like(w._scale_e8m0, 127)
     scale[n, n // 32] = scales.to(torch.uint8).to(DEVICE)
     w = w._replace(scale, data)
@@ -121,7 +123,8 @@ def test_every_code(fmt):
                                       ("float8_e4m3", 0x7E), ("float8_e5m2", 0x01),
                                       ("float8_e5m2", 0x3B), ("float8_e5m2", 0x7B),
                                       ("float4_e2m1", 0x1), ("float4_e2m1", 0xB),
-                                      ("float4_e2m1", 0x7)])
+                                      ("float4_e2m1", 0x7), ("int8", 0x01), ("int8", 0x7F),
+                                      ("int8", 0x80)])
 def test_every_scale(fmt, code):
     """Every scale byte, in and outside FAST_SCALES, for the smallest subnormal code (the lower
     end of FAST_SCALES: below it its product leaves bf16's range), a middle one and the
@@ -138,11 +141,13 @@ _POISONS = ["nan code", "inf code", "tiny scale", "huge scale", "nan scale", "na
 
 
 @pytest.mark.parametrize("fmt,poison", [(f, p) for f in FP8 for p in _POISONS]
-                         + [("float4_e2m1", p) for p in ("huge scale", "nan scale", "nan x")])
+                         + [("float4_e2m1", p) for p in ("huge scale", "nan scale", "nan x")]
+                         + [("int8", p) for p in ("tiny scale", "nan scale", "nan x")])
 def test_poisoned_pieces_recompute_exactly(fmt, poison):
-    """One piece off the fast path among ordinary ones (e2m1 has no NaN or Inf code, and its
-    fast path holds every scale up to 2**1): its program recomputes its whole tile exactly,
-    the other outputs of that tile included, and the other programs are untouched."""
+    """One piece off the fast path among ordinary ones (e2m1 and MXINT8 have no NaN or Inf
+    code; e2m1's fast path holds every scale up to 2**1, MXINT8's every one from 2**-120):
+    its program recomputes its whole tile exactly, the other outputs of that tile included, and
+    the other programs are untouched."""
     x, w = integer_operands(fmt, 16, 256, 512)
     scale, data = w._scale_e8m0.clone(), w._data.clone()
     per_byte = _per_byte(fmt)
@@ -184,7 +189,7 @@ def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
     x, w = integer_operands("float8_e4m3", 4, 64, 128)
     strided = torch.zeros(4, 256, dtype=x.dtype, device=DEVICE)[:, ::2].copy_(x)
     assert not fp8_mma.eligible(strided, w._data, w.elem_dtype, w.block_size)
-    assert not fp8_mma.eligible(x, w._data, dtypes.int8, w.block_size)
+    assert not fp8_mma.eligible(x, w._data, dtypes.float6_e2m3, w.block_size)
     assert not fp8_mma.eligible(x, w._data[:, :64], w.elem_dtype, w.block_size)
     assert not fp8_mma.eligible(x, w._data, dtypes.float4_e2m1, w.block_size)  # [N, K / 2]
 
@@ -207,9 +212,10 @@ def test_fused_linear_and_mx_linear_dispatch_here(monkeypatch):
     km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None, x.dtype,
                     config=km.Config(km.BLOCK_DOTS, 64, 1, 1))
     assert len(calls) == 2
-    x, w = integer_operands("float4_e2m1", 8, 64, 256)
-    torch.testing.assert_close(F.linear(x, w, bias), reference(x, w, bias), rtol=0, atol=0)
-    assert len(calls) == 3
+    for n, fmt in enumerate(["float4_e2m1", "int8"]):
+        x, w = integer_operands(fmt, 8, 64, 256)
+        torch.testing.assert_close(F.linear(x, w, bias), reference(x, w, bias), rtol=0, atol=0)
+        assert len(calls) == 3 + n
 
 
 @pytest.mark.parametrize("fields,match", [
@@ -249,6 +255,7 @@ def test_default_config():
     assert default(e4m3, 32, 128, 8192) == MmaConfig(1, 2, 12, maxnreg=168)
     assert default(e4m3, 64, 128, 8192) == MmaConfig(1, 2, 8)
     assert default(e4m3, 64, 192, 8192) == MmaConfig(1, 2, 5)
+    assert default(dtypes.int8, 32, 128, 8192) == MmaConfig(1, 2, 12, maxnreg=168)  # as fp8
     # fp4: 256 columns (128 bytes of a row) a step and 2 programs an SM up to 32 rows, 128 at
     # 64 rows; fewer where they do not divide K, at least a block
     assert default(e2m1, 16, 128, 8192) == MmaConfig(1, 2, 8)

@@ -59,8 +59,10 @@ PIECE = 16  # bytes a lane loads from one row per 64 columns
 # is at least bf16's smallest subnormal 2**-133 (e4m3: 2**-9, s >= 3; e5m2: 2**-16, s >= 10).
 # e2m1: 2**(s - 1) is a normal bf16 for s <= 128, and every value times 2**(s - 127) lies on
 # bf16's grid for every s.
+# MXINT8 (code * 2**(s - 133)): the multiplier is a normal bf16 for 7 <= s <= 254, and every
+# product then is exact in bf16 (overflow only for -128 at 254, Inf as in fp32).
 FAST_SCALES = {dtypes.float8_e4m3: (3, 134), dtypes.float8_e5m2: (10, 142),
-               dtypes.float4_e2m1: (0, 128)}
+               dtypes.float4_e2m1: (0, 128), dtypes.int8: (7, 254)}
 
 # A lane's two 16-byte pieces (row g's at $10, row g + 8's $12 bytes on) and their scale bytes
 # (at $11, and $13 bytes on), where $14 != 0; else undefined words and scale bytes -1. Plain
@@ -89,6 +91,26 @@ mov.b32 {$0, $1}, x0;
 mov.b32 {$2, $3}, x1; }"""
 _DECODE_E4M3 = tl.constexpr(_DECODE.replace("SHIFT", "4").replace("MASK", "0x87F087F0"))
 _DECODE_E5M2 = tl.constexpr(_DECODE.replace("SHIFT", "5").replace("MASK", "0x8FE08FE0"))
+# Four MXINT8 codes of a word -> bf16 halves ($0..$3) times the bf16x2 multiplier $5. The codes,
+# offset by 128 (a xor of their sign bits), become the low bytes of fp32s 1.5 * 2**23 + code +
+# 128; one subtraction leaves each code exactly, and a conversion packs two of them (8
+# significant bits at most: exact) into bf16x2.
+_DECODE_INT8 = tl.constexpr("""{ .reg .b32 u, f0, f1, f2, f3, x0, x1;
+xor.b32 u, $4, 0x80808080;
+prmt.b32 f0, u, 0x4B400000, 0x7640;
+prmt.b32 f1, u, 0x4B400000, 0x7641;
+prmt.b32 f2, u, 0x4B400000, 0x7642;
+prmt.b32 f3, u, 0x4B400000, 0x7643;
+sub.f32 f0, f0, 0f4B400080;
+sub.f32 f1, f1, 0f4B400080;
+sub.f32 f2, f2, 0f4B400080;
+sub.f32 f3, f3, 0f4B400080;
+cvt.rn.bf16x2.f32 x0, f1, f0;
+cvt.rn.bf16x2.f32 x1, f3, f2;
+mul.rn.bf16x2 x0, x0, $5;
+mul.rn.bf16x2 x1, x1, $5;
+mov.b32 {$0, $1}, x0;
+mov.b32 {$2, $3}, x1; }""")
 # Eight e2m1 codes of a word (code j in bits 4 j ..) -> bf16 halves ($0..$7) times the bf16x2
 # multiplier $9. A byte permute puts the two codes of byte i in the top nibbles of the low
 # bytes of the two 16-bit halves (the low one's from the word shifted by 4), each sign
@@ -139,17 +161,19 @@ def _or(a, b):
 
 
 @triton.jit
-def _multiplier(words, s, E5M2: tl.constexpr, S_MIN: tl.constexpr, S_MAX: tl.constexpr,
-                CPG: tl.constexpr):
+def _multiplier(words, s, E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.constexpr,
+                S_MAX: tl.constexpr, CPG: tl.constexpr):
     """bf16x2 bits (int32) of each word's piece multiplier, from the words [..., 4 (q)] of the
     pieces and their scale bytes s (the same shape, -1 where the loads were off): 2**(s - 7)
-    (e4m3), 2**(s - 15) (e5m2) or 2**(s - 1) (e2m1, CPG 2) in both halves; NaN where s is
-    outside [S_MIN, S_MAX] or the piece has a NaN / Inf code (fp8: the top bit of a byte of
-    `(word & MASK) + ONES`, magnitude / exponent all ones); 0 where the loads were off (a step
-    past the end then adds zeros)."""
+    (e4m3), 2**(s - 15) (e5m2), 2**(s - 1) (e2m1, CPG 2) or 2**(s - 133) (MXINT8) in both
+    halves; NaN where s is outside [S_MIN, S_MAX] or the piece has a NaN / Inf code (fp8: the
+    top bit of a byte of `(word & MASK) + ONES`, magnitude / exponent all ones); 0 where the
+    loads were off (a step past the end then adds zeros)."""
     fast = (s >= S_MIN) & (s <= S_MAX)
     if CPG == 2:
         m = tl.where(fast, (s + 126) * 0x00800080, 0x7FC07FC0)
+    elif IS_INT:
+        m = tl.where(fast, (s - 6) * 0x00800080, 0x7FC07FC0)
     else:
         MASK: tl.constexpr = 0x7C7C7C7C if E5M2 else 0x7F7F7F7F
         ONES: tl.constexpr = 0x04040404 if E5M2 else 0x01010101
@@ -204,22 +228,34 @@ def _load(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
-def _decode_fp8(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.constexpr,
-                BITS: tl.constexpr, MBITS: tl.constexpr, HAS_NAN: tl.constexpr,
-                TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
-    """_decode_tile for e4m3 / e5m2 codes (4 a word): [64 V, 64 U]."""
+def _byte(words, i: tl.constexpr, scale, IS_INT: tl.constexpr, BITS: tl.constexpr,
+          MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
+          TO_VALUE: tl.constexpr):
+    return decode_value((words >> (8 * i)) & 0xFF, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
+                        TO_VALUE) * scale
+
+
+@triton.jit
+def _decode_bytes(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.constexpr,
+                  IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+                  HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr,
+                  INTERPRETER: tl.constexpr):
+    """_decode_tile for one-byte codes (e4m3, e5m2, MXINT8; 4 a word): [64 V, 64 U]."""
     if INTERPRETER:
+        # the GPU's decode reads fp8 codes as value * 2**-112 / 2**-120, MXINT8 codes as their
+        # integer, value * 2**6
         scale = (multiplier << 16).to(tl.float32, bitcast=True) \
-            * (2.0 ** -112 if E5M2 else 2.0 ** -120)
-        v0 = decode_value(words & 0xFF, False, BITS, MBITS, E5M2, HAS_NAN, 1.0, TO_VALUE) * scale
-        v1 = decode_value((words >> 8) & 0xFF, False, BITS, MBITS, E5M2, HAS_NAN, 1.0,
-                          TO_VALUE) * scale
-        v2 = decode_value((words >> 16) & 0xFF, False, BITS, MBITS, E5M2, HAS_NAN, 1.0,
-                          TO_VALUE) * scale
-        v3 = decode_value((words >> 24) & 0xFF, False, BITS, MBITS, E5M2, HAS_NAN, 1.0,
-                          TO_VALUE) * scale
+            * (2.0 ** 6 if IS_INT else 2.0 ** -112 if E5M2 else 2.0 ** -120)
+        v0 = _byte(words, 0, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
+        v1 = _byte(words, 1, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
+        v2 = _byte(words, 2, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
+        v3 = _byte(words, 3, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
     else:
-        if E5M2:
+        if IS_INT:
+            v0, v1, v2, v3 = tl.inline_asm_elementwise(
+                _DECODE_INT8, "=h,=h,=h,=h,r,r", [words, multiplier], dtype=(tl.bfloat16,) * 4,
+                is_pure=True, pack=1)
+        elif E5M2:
             v0, v1, v2, v3 = tl.inline_asm_elementwise(
                 _DECODE_E5M2, "=h,=h,=h,=h,r,r", [words, multiplier], dtype=(tl.bfloat16,) * 4,
                 is_pure=True, pack=1)
@@ -269,17 +305,18 @@ def _decode_e2m1(words, multiplier, V: tl.constexpr, U: tl.constexpr, BITS: tl.c
 
 @triton.jit
 def _decode_tile(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.constexpr,
-                 BITS: tl.constexpr, MBITS: tl.constexpr, HAS_NAN: tl.constexpr,
-                 TO_VALUE: tl.constexpr, CPG: tl.constexpr, INTERPRETER: tl.constexpr):
+                 IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+                 HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr,
+                 CPG: tl.constexpr, INTERPRETER: tl.constexpr):
     """W's tile [64 V, 64 U CPG] in the permuted column order, each code's value times its
-    piece's multiplier times the decode's 2**-120 / 2**-112 / 2**-126 (e4m3 / e5m2 / e2m1):
-    bf16 (fp32 in the interpreter, exact). words, multiplier: [4 (w), V, U, 32 (lane), 2 (a),
-    4 (q)]."""
+    piece's multiplier times the decode's 2**-120 / 2**-112 / 2**-126 / 2**6 (e4m3 / e5m2 /
+    e2m1 / MXINT8): bf16 (fp32 in the interpreter, exact). words, multiplier: [4 (w), V, U,
+    32 (lane), 2 (a), 4 (q)]."""
     if CPG == 2:
         tile = _decode_e2m1(words, multiplier, V, U, BITS, MBITS, TO_VALUE, INTERPRETER)
     else:
-        tile = _decode_fp8(words, multiplier, V, U, E5M2, BITS, MBITS, HAS_NAN, TO_VALUE,
-                           INTERPRETER)
+        tile = _decode_bytes(words, multiplier, V, U, E5M2, IS_INT, BITS, MBITS, HAS_NAN, LSB,
+                             TO_VALUE, INTERPRETER)
     return tile
 
 
@@ -296,15 +333,15 @@ def _x_columns(k0, U: tl.constexpr, CPG: tl.constexpr):
 
 @triton.jit
 def _step(acc, words, scales, x_ptrs, m_ok, V: tl.constexpr, U: tl.constexpr,
-          E5M2: tl.constexpr, S_MIN: tl.constexpr, S_MAX: tl.constexpr, BITS: tl.constexpr,
-          MBITS: tl.constexpr, HAS_NAN: tl.constexpr, TO_VALUE: tl.constexpr, CPG: tl.constexpr,
-          INTERPRETER: tl.constexpr):
+          E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.constexpr, S_MAX: tl.constexpr,
+          BITS: tl.constexpr, MBITS: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
+          TO_VALUE: tl.constexpr, CPG: tl.constexpr, INTERPRETER: tl.constexpr):
     """acc + W's step tile (decoded from `words` and their pieces' scale bytes) times x's
     matching columns."""
     x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
-    multiplier = _multiplier(words, scales, E5M2, S_MIN, S_MAX, CPG)
-    w = _decode_tile(words, multiplier, V, U, E5M2, BITS, MBITS, HAS_NAN, TO_VALUE, CPG,
-                     INTERPRETER)
+    multiplier = _multiplier(words, scales, E5M2, IS_INT, S_MIN, S_MAX, CPG)
+    w = _decode_tile(words, multiplier, V, U, E5M2, IS_INT, BITS, MBITS, HAS_NAN, LSB, TO_VALUE,
+                     CPG, INTERPRETER)
     if INTERPRETER:
         return acc + tl.dot(w, tl.trans(x).to(tl.float32), input_precision="ieee")
     else:
@@ -314,8 +351,9 @@ def _step(acc, words, scales, x_ptrs, m_ok, V: tl.constexpr, U: tl.constexpr,
 @triton.jit
 def _exact_tile(x_ptr, w_ptr, s_ptr, n0, k_first, k_count, M, stride_xm, stride_wn, stride_sn,
                 stride_sk, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                E5M2: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
-                HAS_NAN: tl.constexpr, TO_VALUE: tl.constexpr, CPG: tl.constexpr):
+                E5M2: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
+                MBITS: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
+                TO_VALUE: tl.constexpr, CPG: tl.constexpr):
     """The tile's sums over the k_count columns (codes) from k_first (a multiple of 16), with W
     decoded exactly in fp32 (NaN and Inf codes, any scale) and fp32 products and sums, 16
     columns at a time in plain column order."""
@@ -328,7 +366,8 @@ def _exact_tile(x_ptr, w_ptr, s_ptr, n0, k_first, k_count, M, stride_xm, stride_
         if CPG == 2:  # code 2 i in the low nibble of byte i
             codes = (codes >> (4 * (cols[None, :] % 2))) & 0xF
         s = tl.load(s_ptr + rows * stride_sn + (k0 // BLOCK) * stride_sk).to(tl.int32)
-        w = decode_value(codes, False, BITS, MBITS, E5M2, HAS_NAN, 1.0, TO_VALUE) * scale_value(s)
+        w = decode_value(codes, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE) \
+            * scale_value(s)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :],
                     mask=offs_m[:, None] < M, other=0.0).to(tl.float32)
         acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
@@ -379,8 +418,8 @@ def fp8_mma_kernel(
             words2, scales2 = _load(w_ptrs + (i + 2) * BLOCK_K,
                                     s_ptrs + (i + 2) * S_STEP * stride_sk, row8, scale_row8,
                                     i + 2 < count, INTERPRETER)
-            acc = _step(acc, words, scales, x_ptrs + i * STEP_K, m_ok, V, U, E5M2, S_MIN, S_MAX,
-                        BITS, MBITS, HAS_NAN, TO_VALUE, CPG, INTERPRETER)
+            acc = _step(acc, words, scales, x_ptrs + i * STEP_K, m_ok, V, U, E5M2, IS_INT,
+                        S_MIN, S_MAX, BITS, MBITS, HAS_NAN, LSB, TO_VALUE, CPG, INTERPRETER)
             words, scales = words1, scales1
             words1, scales1 = words2, scales2
     else:
@@ -392,19 +431,20 @@ def fp8_mma_kernel(
             words1, scales1 = _load(w_ptrs + (2 * j + 1) * BLOCK_K,
                                     s_ptrs + (2 * j + 1) * S_STEP * stride_sk, row8, scale_row8,
                                     odd_ok, INTERPRETER)
-            acc = _step(acc, words, scales, x_ptrs + 2 * j * STEP_K, m_ok, V, U, E5M2, S_MIN,
-                        S_MAX, BITS, MBITS, HAS_NAN, TO_VALUE, CPG, INTERPRETER)
+            acc = _step(acc, words, scales, x_ptrs + 2 * j * STEP_K, m_ok, V, U, E5M2, IS_INT,
+                        S_MIN, S_MAX, BITS, MBITS, HAS_NAN, LSB, TO_VALUE, CPG, INTERPRETER)
             words, scales = _load(w_ptrs + (2 * j + 2) * BLOCK_K,
                                   s_ptrs + (2 * j + 2) * S_STEP * stride_sk, row8, scale_row8,
                                   2 * j + 2 < count, INTERPRETER)
             acc = _step(acc, words1, scales1, x_ptrs + (2 * j + 1) * STEP_K, m_ok & odd_ok, V,
-                        U, E5M2, S_MIN, S_MAX, BITS, MBITS, HAS_NAN, TO_VALUE, CPG, INTERPRETER)
+                        U, E5M2, IS_INT, S_MIN, S_MAX, BITS, MBITS, HAS_NAN, LSB, TO_VALUE, CPG,
+                        INTERPRETER)
     # A piece off the fast path made its products NaN; Inf / NaN sums have other causes too
     # (x, overflow). Either way the exact recomputation gives the contract's result.
     if tl.max((tl.abs(acc) == float("inf")) | (acc != acc)):
         acc = _exact_tile(x_ptr, w_ptr, s_ptr, n0, x_first, count * STEP_K, M, stride_xm,
-                          stride_wn, stride_sn, stride_sk, BLOCK, BLOCK_M, BLOCK_N, E5M2, BITS,
-                          MBITS, HAS_NAN, TO_VALUE, CPG)
+                          stride_wn, stride_sn, stride_sk, BLOCK, BLOCK_M, BLOCK_N, E5M2, IS_INT,
+                          BITS, MBITS, HAS_NAN, LSB, TO_VALUE, CPG)
     cols = (n0 + tl.arange(0, BLOCK_N))[:, None]
     rows = offs_m[None, :]
     mask = rows < M
