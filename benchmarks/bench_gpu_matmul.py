@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
-from torchmx.kernels import byte_gemv, fp8_mma, fragment_layout, fragment_matmul as fm  # noqa: E402
+from torchmx.kernels import byte_gemv, fragment_layout, fragment_matmul as fm, mma_linear  # noqa: E402
 from torchmx.kernels import matmul as km  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
@@ -207,9 +207,9 @@ def gemv_sweep(fmts, N, K):
             print(f"sweep gemv {fmt.name:12s} M=  1 {t:7.1f} us  {cfg}{tag}")
 
 
-def fp8_mma_sweep(fmts, Ms, N, K):
+def mma_sweep(fmts, Ms, N, K):
     """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8 or MXFP4 weight in the
-    standard layout (kernels/fp8_mma.py): 64 / 128-row tiles, 64-256 bytes of a row a step
+    standard layout (kernels/mma_linear.py): 64 / 128-row tiles, 64-256 bytes of a row a step
     (64-256 fp8 / 128-512 fp4 codes), two steps ahead, 2-6 programs an SM, each without and
     with a register cap (128 up to 16 rows: 4 programs of 4 warps an SM; else 168: 3)."""
     for fmt in fmts:
@@ -222,17 +222,17 @@ def fp8_mma_sweep(fmts, Ms, N, K):
             for v, u, per_sm, cap in itertools.product((1, 2), (1, 2, 4), (2, 3, 4, 6), caps):
                 split = max(1, min(K // (unit * u), round(per_sm * km._sm_count(x.device)
                                                           / (N // (64 * v)))))
-                configs.append(fp8_mma.MmaConfig(v, u, split, maxnreg=cap))
-            default = fp8_mma.default_config(fmt, M, N, K, 32, x.device)
+                configs.append(mma_linear.MmaConfig(v, u, split, maxnreg=cap))
+            default = mma_linear.default_config(fmt, M, N, K, 32, x.device)
             # the tile of 16 rows (4 programs an SM) at every M, for comparison
-            small = fp8_mma.default_config(fmt, 16, N, K, 32, x.device)
-            rows = time_configs(configs + [default], lambda i, cfg: fp8_mma.fp8_mma_linear(
+            small = mma_linear.default_config(fmt, 16, N, K, 32, x.device)
+            rows = time_configs(configs + [default], lambda i, cfg: mma_linear.mma_linear(
                 x, ws[i]._scale_e8m0, ws[i]._data, fmt, 32, None, torch.bfloat16, cfg), x, ws,
-                f"fp8_mma {fmt.name} M={M}")
+                f"mma_linear {fmt.name} M={M}")
             for t, cfg in rows[:6] + [r for r in rows[6:] if r[1] in (default, small)]:
                 tag = ("  (default)" if cfg == default
                        else "  (16 rows' default)" if cfg == small else "")
-                print(f"sweep fp8_mma {fmt.name:12s} M={M:3d} {t:7.1f} us  {cfg}{tag}")
+                print(f"sweep mma_linear {fmt.name:12s} M={M:3d} {t:7.1f} us  {cfg}{tag}")
 
 
 torch._dynamo.config.recompile_limit = 64  # one compiled graph per (format, M)
@@ -383,7 +383,7 @@ def main():
         if 1 in Ms:
             gemv_sweep([f for f in fmts if f in (dtypes.float8_e4m3, dtypes.float8_e5m2,
                                                  dtypes.int8)], N, K)
-        fp8_mma_sweep([f for f in fmts if f in fp8_mma.FAST_SCALES],
+        mma_sweep([f for f in fmts if f in mma_linear.FAST_SCALES],
                       [m for m in Ms if 2 <= m <= 64], N, K)
         if dtypes.float4_e2m1 in fmts:
             fragment_sweep([int(m) for m in (args.m or "1,16,32,64").split(",")], N, K)

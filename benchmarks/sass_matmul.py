@@ -1,6 +1,6 @@
 """Instructions per weight code in the main loops of the MX-weight matmul kernels, read from their
 SASS: the fused kernel (matmul_kernels.py), the one-row kernel of one-byte codes (byte_gemv.py)
-and the tensor-core kernel for MXFP8 (fp8_mma.py).
+and the tensor-core kernel for 2..64 rows of MXFP8, MXFP4 and MXINT8 weights (mma_linear.py).
 
     python benchmarks/sass_matmul.py
 
@@ -9,7 +9,7 @@ disassembled with the cuobjdump that Triton ships, and the instructions of the l
 are counted per weight code the loop handles (the figure docs/performance.md quotes). Unit
 strides are specialized to 1 and sizes marked divisible by 16, as Triton's launcher does for
 the benchmark's shapes; every tile is whole (EVEN). The tiles are the defaults for N = K = 8192
-(M = 1 for the rows variant and byte_gemv, 16 for the dots and fp8_mma).
+(M = 1 for the rows variant and byte_gemv, 16 for the dots and mma_linear).
 """
 
 import collections
@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from sass_tools import compile_sm90 as compile_kernel, instructions, opcode  # noqa: E402
 from torchmx import dtypes  # noqa: E402
-from torchmx.kernels import byte_gemv, fp8_mma  # noqa: E402
+from torchmx.kernels import byte_gemv, mma_linear  # noqa: E402
 from torchmx.kernels import matmul as km  # noqa: E402
 from torchmx.kernels import matmul_kernels as mk  # noqa: E402
 
@@ -54,7 +54,7 @@ def compile_sm90(fmt, fast, variant, nb, block_n, num_warps=4):
 
 def loop_opcodes(cubin: bytes, containing: str = None):
     """Opcodes of the longest backward-branching loop of the kernel's SASS (of those with a
-    `containing` opcode, when given: fp8_mma's rare exact path has a loop of its own)."""
+    `containing` opcode, when given: mma_linear's rare exact path has a loop of its own)."""
     lines = instructions(cubin)
     address = [int(re.search(r"/\*([0-9a-f]{4,})\*/", line).group(1), 16) for line in lines]
     loops = []
@@ -99,17 +99,17 @@ def byte_gemv_per_code(fmt):
     return cfg, *_counted(kernel, codes)
 
 
-def fp8_mma_per_code(fmt):
-    """(loop instructions per code, the most frequent opcodes) of fp8_mma at M = 16 and its
+def mma_per_code(fmt):
+    """(loop instructions per code, the most frequent opcodes) of mma_linear at M = 16 and its
     default tile (register cap included)."""
-    cfg = fp8_mma.default_config(fmt, 16, 8192, 8192, 32, torch.device("cpu"))
-    low, high = fp8_mma.FAST_SCALES[fmt]
+    cfg = mma_linear.default_config(fmt, 16, 8192, 8192, 32, torch.device("cpu"))
+    low, high = mma_linear.FAST_SCALES[fmt]
     constants = dict(BLOCK=32, BLOCK_M=16, V=cfg.v, U=cfg.u, SPLIT=2, AHEAD=cfg.ahead,
                      HAS_BIAS=False, E5M2=fmt == dtypes.float8_e5m2, S_MIN=low, S_MAX=high,
                      INTERPRETER=False, stride_sk=1, **km._format_constants(fmt))
     pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": "*bf16",
                 "out_ptr": "*bf16", "partials_ptr": "*fp32"}
-    kernel = compile_kernel(fp8_mma.fp8_mma_kernel, constants, pointers,
+    kernel = compile_kernel(mma_linear.mma_linear_kernel, constants, pointers,
                             tuple(pointers) + ("M", "K", "N", "stride_xm", "stride_wn",
                                                "stride_sn", "stride_om"), num_warps=4,
                             **({} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}))
@@ -133,10 +133,10 @@ def main():
         cfg, per_code, common = byte_gemv_per_code(fmt)
         tile = f"{cfg.block_n} x {cfg.pieces}, {cfg.num_warps} warps"
         print(f"{fmt.name:12s} {'byte_gemv':12s} {tile:>16s} {per_code:20.2f}  {common}")
-    for fmt in (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float4_e2m1):
-        cfg, per_code, common = fp8_mma_per_code(fmt)
+    for fmt in (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float4_e2m1, dtypes.int8):
+        cfg, per_code, common = mma_per_code(fmt)
         tile = f"{64 * cfg.v} x {64 * cfg.u * fmt.codes_per_group}, 4 warps"
-        print(f"{fmt.name:12s} {'fp8_mma':12s} {tile:>16s} {per_code:20.2f}  {common}")
+        print(f"{fmt.name:12s} {'mma_linear':12s} {tile:>16s} {per_code:20.2f}  {common}")
 
 
 if __name__ == "__main__":

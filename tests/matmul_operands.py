@@ -1,5 +1,5 @@
 """Operands and checks shared by the MX matmul tests (test_mx_weight_matmul.py,
-test_mx_matmul_large.py, test_byte_gemv.py, test_fp8_mma.py)."""
+test_mx_matmul_large.py, test_byte_gemv.py, test_mma_linear.py)."""
 
 import torch
 

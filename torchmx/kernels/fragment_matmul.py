@@ -315,7 +315,7 @@ class FragmentConfig:
 
 
 def check_tile(config) -> None:
-    """The checks shared by this kernel's and fp8_mma's configs: v and u in 1, 2, 4; split a
+    """The checks shared by this kernel's and mma_linear's configs: v and u in 1, 2, 4; split a
     positive int; ahead 1 or 2; maxnreg None or an int in 16..255."""
     owner = type(config).__name__
     for name in ("v", "u"):
@@ -333,7 +333,7 @@ def check_tile(config) -> None:
 
 def usable_on(device: torch.device) -> bool:
     """wgmma and bf16x2 multiplies need sm_90 (Hopper), and on another GPU Triton would pick a
-    dot layout that the loads here (and in fp8_mma.py) do not match; on the CPU only Triton's
+    dot layout that the loads here (and in mma_linear.py) do not match; on the CPU only Triton's
     interpreter runs."""
     if device.type != "cuda":
         return device.type == "cpu" and _interpreting()

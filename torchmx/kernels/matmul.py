@@ -9,8 +9,8 @@ once to the output dtype:
   32-bit words (K a multiple of 16): its dot variants read 3-byte groups a byte at a time,
   slower than the dequantize + cuBLAS path. One row of an fp8 or MXINT8 weight (one-byte
   codes) whose rows are whole, aligned 16-byte pieces takes byte_gemv.py's kernel instead, and
-  2..64 bf16 rows times an fp8 weight whose dims are multiples of 64 take fp8_mma.py's
-  tensor-core kernel on Hopper.
+  2..64 bf16 rows times an fp8, fp4 or MXINT8 weight whose rows are whole 64-byte units (N a
+  multiple of 64) take mma_linear.py's tensor-core kernel on Hopper.
 - larger M (prefill, training), and fp6 otherwise: the weight is dequantized to bf16 (one
   pass of the dequantize kernel) and multiplied by cuBLAS with fp32 accumulation (bf16
   reduced-precision reductions off; for few rows with an fp32 output rounded once here).
@@ -192,14 +192,14 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
                  out_dtype: torch.dtype, config: Optional[Config] = None) -> torch.Tensor:
     """x [M, K] (bf16/fp16) @ W.T + bias with the fused kernel; W [N, K] given by its codes
     `w_data` [N, packed(K)] and scale bytes `w_scale` [N, ceil(K / block_size)]."""
-    from . import byte_gemv, fp8_mma, matmul_kernels as kernels
+    from . import byte_gemv, mma_linear, matmul_kernels as kernels
 
     M, K = x.shape
     N, blocks_k = w_scale.shape
     if config is None and byte_gemv.eligible(x, w_data, fmt, block_size):
         return byte_gemv.byte_gemv(x, w_scale, w_data, fmt, block_size, bias, out_dtype)
-    if config is None and fp8_mma.eligible(x, w_data, fmt, block_size):
-        return fp8_mma.fp8_mma_linear(x, w_scale, w_data, fmt, block_size, bias, out_dtype)
+    if config is None and mma_linear.eligible(x, w_data, fmt, block_size):
+        return mma_linear.mma_linear(x, w_scale, w_data, fmt, block_size, bias, out_dtype)
     out = torch.empty((M, N), dtype=out_dtype, device=x.device)
     if M == 0 or N == 0:
         return out

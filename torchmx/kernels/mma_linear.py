@@ -1,33 +1,47 @@
-"""x [M, K] bf16 @ W.T for an MXFP8 weight W [N, K] (e4m3 / e5m2) in the standard layout and
-2..64 activation rows, on Hopper (sm_90) tensor cores.
+"""x [M, K] bf16 @ W.T for an MXFP8 (e4m3 / e5m2), MXFP4 (e2m1) or MXINT8 weight W [N, K] in
+the standard layout and 2..64 activation rows, on Hopper (sm_90) tensor cores.
 
 W is wgmma's A operand, taken from registers ("swap AB": out^T = W x^T, the activation rows
 are wgmma's N dimension and x^T goes through shared memory). In the m64nNk16 A fragment, lane
 `4 g + t` of warp `w` holds rows `16 w + g` and `16 w + g + 8` of a 64 x 16 slice, at columns
 `2 t`, `2 t + 1`, `2 t + 8`, `2 t + 9`. A dot only needs the same K order on both sides, so the
-kernel reads K in a permuted order instead of rearranging W: per 64 columns of W, lane `t`
-loads the 16 contiguous bytes at `16 t` of each of its two rows (one 16-byte load each), and
-its word q (bytes `16 t + 4 q .. + 3`) becomes its registers of slice q. Logical column
-L = 64 u + 16 q + 8 h + 2 t + b (h, b in {0, 1}) is physical column
-P = 64 u + 16 t + 4 q + 2 h + b; x is loaded in the same order, and nothing of W passes through
-shared memory. Every 16-byte piece lies in one block (blocks are multiples of 16): one scale
-per piece, so no weight layout and no prepack step is needed.
+kernel reads K in a permuted order instead of rearranging W: per 64 bytes of a row of W (a
+unit: 64 one-byte codes or 128 fp4 codes), lane `t` loads the 16 contiguous bytes at `16 t`
+of each of its two rows (one 16-byte load each), and its word q (bytes `16 t + 4 q .. + 3`)
+becomes its registers of one slice (one-byte codes) or two (fp4). Logical column L of a unit
+is physical column P:
 
-Decode, 3 integer ops per pair of codes: a byte permute puts each code in the low byte of a
-16-bit half with its sign replicated above it, a shift by 4 (e4m3) or 5 (e5m2) brings sign,
-exponent and mantissa to the bit positions of bf16, and a mask clears the rest. The bf16 read is
-the code's value times 2**-120 (e4m3) or 2**-112 (e5m2), subnormals included; one bf16x2
-multiply by 2**(s - 7) (e4m3) or 2**(s - 15) (e5m2) gives value * 2**(s - 127), exactly when
-the scale byte s is in FAST_SCALES (the multiplier is a normal bf16 and the scaled value keeps
-all its bits). The tensor cores multiply these exact bf16 operands by x and accumulate in fp32:
-the contract of kernels/matmul.py.
+- one-byte codes: L = 16 q + 8 h + 2 t + b, P = 16 t + 4 q + 2 h + b (h, b in {0, 1});
+- fp4 (code 2 i in the low nibble of byte i): L = 32 q + 16 s + 8 h + 2 t + b,
+  P = 32 t + 8 q + 4 s + 2 h + b (s, h, b in {0, 1}).
 
-What the decode cannot do exactly, it poisons: a piece (16 codes) with a NaN or Inf code
-(e4m3's NaN, e5m2's Inf and NaN) or a scale outside FAST_SCALES gets a NaN multiplier, found
-by a few integer ops per word when the words are decoded. A program whose sums end up NaN or
-Inf, from such a piece or otherwise (x, overflow), recomputes its tile over its part of K with
-exact fp32 decodes and an fp32 (non-tensor-core) dot, which gives the contract's result, NaN and
-Inf included. Ordinary weights never take that path.
+x is loaded in the same order, and nothing of W passes through shared memory. Every 16-byte
+piece lies in one block (blocks are multiples of its 16 or 32 codes): one scale per piece, so
+no weight layout and no prepack step is needed.
+
+Decode, about 2 to 3 instructions per code, and one bf16x2 multiply per two codes by the
+piece's multiplier 2**(s + c) (s the scale byte, c the format's constant) that makes each
+value exactly value * 2**(s - 127):
+
+- e4m3 / e5m2: a byte permute puts each code in the low byte of a 16-bit half with its sign
+  replicated above it, a shift by 4 / 5 brings sign, exponent and mantissa to the bit positions
+  of bf16, and a mask clears the rest: the value times 2**-120 / 2**-112, subnormals included.
+- e2m1: the same with the two codes of a byte (the low one shifted up by 4 first) and a shift
+  by 2: the value times 2**-126.
+- MXINT8: the codes plus 128 become the low bytes of fp32s 1.5 * 2**23 + code + 128; one
+  subtraction leaves each code exactly and a conversion packs two into bf16x2: 64 times the
+  value.
+
+The multiply is exact when s is in FAST_SCALES (the multiplier is a normal bf16 and the scaled
+value keeps all its bits). The tensor cores multiply these exact bf16 operands by x and
+accumulate in fp32: the contract of kernels/matmul.py.
+
+What the decode cannot do exactly, it poisons: a piece with a NaN or Inf code (e4m3's NaN,
+e5m2's Inf and NaN) or a scale outside FAST_SCALES gets a NaN multiplier, found by a few integer
+ops per word when the words are decoded. A program whose sums end up NaN or Inf, from such a
+piece or otherwise (x, overflow), recomputes its tile over its part of K with exact fp32
+decodes and an fp32 (non-tensor-core) dot, which gives the contract's result, NaN and Inf
+included. Ordinary weights never take that path.
 
 K is split over SPLIT programs per tile of 64 V rows; their fp32 partials are added in a fixed
 order by matmul_kernels.reduce_splits_kernel. Under Triton's interpreter (CPU tests) the loads
@@ -49,10 +63,10 @@ from .fragment_matmul import check_tile, split_steps, store_out, usable_on
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
 
-__all__ = ["MmaConfig", "FAST_SCALES", "default_config", "eligible", "fp8_mma_linear"]
+__all__ = ["MmaConfig", "FAST_SCALES", "default_config", "eligible", "mma_linear"]
 
-CHUNK = 64  # rows and columns of W per wgmma A tile
-PIECE = 16  # bytes a lane loads from one row per 64 columns
+CHUNK = 64  # rows of W per wgmma A tile, and bytes of a row per unit
+PIECE = 16  # bytes a lane loads from one row per unit
 
 # Scale bytes s for which the decode's one multiply is exact: 2**(s - 7) (e4m3) or 2**(s - 15)
 # (e5m2) is a normal bf16 (s <= 134 / 142), and the format's smallest step times 2**(s - 127)
@@ -375,7 +389,7 @@ def _exact_tile(x_ptr, w_ptr, s_ptr, n0, k_first, k_count, M, stride_xm, stride_
 
 
 @triton.jit
-def fp8_mma_kernel(
+def mma_linear_kernel(
     x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr,
     M, N, K, steps, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, V: tl.constexpr, U: tl.constexpr,
@@ -456,10 +470,11 @@ def fp8_mma_kernel(
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """Launch parameters: a tile of 64 V rows x 64 U columns of W per step, K split over
-    `split` programs, W's words loaded `ahead` (1 or 2) steps before their decode, and a cap on
-    registers per thread (`maxnreg`, None: ptxas chooses) that keeps enough programs on each
-    SM. A program is one warpgroup (4 warps): the loads' layout is wgmma's for 4 warps."""
+    """Launch parameters: a tile of 64 V rows x 64 U bytes of each row of W per step (64 U
+    one-byte codes, 128 U fp4 codes), K split over `split` programs, W's words loaded `ahead`
+    (1 or 2) steps before their decode, and a cap on registers per thread (`maxnreg`, None:
+    ptxas chooses) that keeps enough programs on each SM. A program is one warpgroup (4
+    warps): the loads' layout is wgmma's for 4 warps."""
     v: int
     u: int
     split: int
@@ -503,11 +518,11 @@ def default_config(fmt: dtypes.DType, M: int, N: int, K: int, block_size: int,
 
 
 def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_size: int) -> bool:
-    """Whether `fp8_mma_linear` takes this product: 2..64 contiguous bf16 rows x [M, K], an e4m3
-    / e5m2 / e2m1 weight [N, K] with N a non-zero multiple of 64 and K of the block size and of
-    the columns of 64 bytes (64 fp8 / 128 fp4 codes); a block a multiple of the codes of 16
-    bytes; unit stride along K, rows and both tensors 16-byte aligned; an sm_90 GPU (or
-    Triton's interpreter on the CPU)."""
+    """Whether `mma_linear` takes this product: 2..64 contiguous bf16 rows x [M, K], an e4m3,
+    e5m2, e2m1 or MXINT8 weight [N, K] with N a non-zero multiple of 64 and K of the block size
+    and of the columns of 64 bytes (64 one-byte / 128 fp4 codes); a block a multiple of the
+    codes of 16 bytes; unit stride along K, rows and both tensors 16-byte aligned; an sm_90 GPU
+    (or Triton's interpreter on the CPU)."""
     if x.dim() != 2 or w_data.dim() != 2 or fmt not in FAST_SCALES:
         return False
     (M, K), N = x.shape, w_data.shape[0]
@@ -519,16 +534,16 @@ def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_siz
             and _aligned(x) and _aligned(w_data) and usable_on(x.device))
 
 
-def fp8_mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
-                   fmt: dtypes.DType, block_size: int, bias: Optional[torch.Tensor],
-                   out_dtype: torch.dtype, config: Optional[MmaConfig] = None) -> torch.Tensor:
-    """x [M, K] @ W.T + bias (contiguous), rounded once to out_dtype, for the MXFP8 or MXFP4
-    weight W [N, K] given by its codes `w_data` [N, K] (fp4: [N, K / 2], two a byte) and scale
-    bytes `w_scale` [N, K / block_size]."""
+def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
+               fmt: dtypes.DType, block_size: int, bias: Optional[torch.Tensor],
+               out_dtype: torch.dtype, config: Optional[MmaConfig] = None) -> torch.Tensor:
+    """x [M, K] @ W.T + bias (contiguous), rounded once to out_dtype, for the MXFP8, MXFP4 or
+    MXINT8 weight W [N, K] given by its codes `w_data` [N, K] (fp4: [N, K / 2], two a byte)
+    and scale bytes `w_scale` [N, K / block_size]."""
     if not eligible(x, w_data, fmt, block_size):
-        raise ValueError(f"fp8_mma_linear: needs 2..64 contiguous bf16 rows and an e4m3 / e5m2 "
-                         f"/ e2m1 weight with N a multiple of {CHUNK}, K of the block size and "
-                         f"of 64 bytes of codes, unit stride along K and "
+        raise ValueError(f"mma_linear: needs 2..64 contiguous bf16 rows and an e4m3, e5m2, "
+                         f"e2m1 or int8 weight with N a multiple of {CHUNK}, K of the block "
+                         f"size and of 64 bytes of codes, unit stride along K and "
                          f"16-byte aligned rows on an sm_90 GPU (see eligible), got x {x.dtype} "
                          f"{tuple(x.shape)} on {x.device}, {fmt.name} codes "
                          f"{tuple(w_data.shape)} with strides {w_data.stride()}, block size "
@@ -538,7 +553,7 @@ def fp8_mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     cfg = config or default_config(fmt, M, N, K, block_size, x.device)
     step = CHUNK * cfg.u * _codes_per_byte(fmt)  # columns a step
     if N % (CHUNK * cfg.v) or K % step or step < block_size:
-        raise ValueError(f"fp8_mma_linear: config {cfg} does not fit N={N}, K={K} (tiles of "
+        raise ValueError(f"mma_linear: config {cfg} does not fit N={N}, K={K} (tiles of "
                          f"{CHUNK} v rows and {step} >= {block_size} columns must divide W)")
     steps = K // step
     split = min(cfg.split, steps)
@@ -547,7 +562,7 @@ def fp8_mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     partials = (torch.empty((split, M, N), dtype=torch.float32, device=x.device)
                 if split > 1 else out)
     low, high = FAST_SCALES[fmt]
-    fp8_mma_kernel[(N // (CHUNK * cfg.v), split)](
+    mma_linear_kernel[(N // (CHUNK * cfg.v), split)](
         x, w_data, w_scale, bias if bias is not None else out, out, partials,
         M, N, K, steps, x.stride(0), w_data.stride(0), w_scale.stride(0), w_scale.stride(1),
         out.stride(0), BLOCK=block_size, BLOCK_M=_block_m(M), V=cfg.v, U=cfg.u, SPLIT=split,

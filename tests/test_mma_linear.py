@@ -1,5 +1,5 @@
 """The tensor-core kernel for 2..64 activation rows times an MXFP8, MXFP4 or MXINT8 weight in
-the standard layout (torchmx/kernels/fp8_mma.py) and its dispatch from fused_linear.
+the standard layout (torchmx/kernels/mma_linear.py) and its dispatch from fused_linear.
 
 On CPU it runs under Triton's interpreter (conftest sets it): tl.loads, the exact fp32 decode
 times the kernel's own multipliers (so the same pieces are poisoned and the same programs take
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
-from torchmx.kernels import fp8_mma, matmul as km
+from torchmx.kernels import mma_linear, matmul as km
 from torchmx.mx_ops import weight_matmul
 
 from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
@@ -25,7 +25,7 @@ CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 FP8 = ["float8_e4m3", "float8_e5m2"]
 FORMATS = FP8 + ["float4_e2m1", "int8"]
-MmaConfig = fp8_mma.MmaConfig
+MmaConfig = mma_linear.MmaConfig
 # Tiles of 64 / 128 rows and 64-256 columns, one and two steps ahead, K in 1-3 parts.
 CONFIGS = [MmaConfig(1, 1, 1, 1), MmaConfig(1, 2, 3, 2), MmaConfig(2, 1, 2, 1),
            MmaConfig(1, 4, 1, 2)]
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(CUDA and not HOPPER, reason="the kernel needs sm
 
 
 def _mma(x, w, bias=None, config=None, out_dtype=None):
-    return fp8_mma.fp8_mma_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, bias,
+    return mma_linear.mma_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, bias,
                                   out_dtype or x.dtype, config)
 
 
@@ -173,7 +173,7 @@ def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
     """N or K of 0, N or K off the 64-grid (K off the 128-grid for fp4), one row, fp16 or
     strided x: `eligible` refuses them and fused_linear gives the same result through its other
     kernels."""
-    monkeypatch.setattr(fp8_mma, "fp8_mma_linear", None)  # not called
+    monkeypatch.setattr(mma_linear, "mma_linear", None)  # not called
     bf16, fp16 = torch.bfloat16, torch.float16
     for fmt, M, N, K, dtype in [
             ("float8_e4m3", 4, 0, 64, bf16), ("float8_e4m3", 4, 64, 0, bf16),
@@ -182,23 +182,23 @@ def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
             ("float4_e2m1", 4, 64, 64, bf16), ("float4_e2m1", 4, 64, 192, bf16),
             ("float4_e2m1", 4, 96, 256, bf16), ("float4_e2m1", 1, 64, 256, bf16)]:
         x, w = integer_operands(fmt, M, N, K, dtype)
-        assert not fp8_mma.eligible(x, w._data, w.elem_dtype, w.block_size)
+        assert not mma_linear.eligible(x, w._data, w.elem_dtype, w.block_size)
         out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None,
                               x.dtype)
         torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
     x, w = integer_operands("float8_e4m3", 4, 64, 128)
     strided = torch.zeros(4, 256, dtype=x.dtype, device=DEVICE)[:, ::2].copy_(x)
-    assert not fp8_mma.eligible(strided, w._data, w.elem_dtype, w.block_size)
-    assert not fp8_mma.eligible(x, w._data, dtypes.float6_e2m3, w.block_size)
-    assert not fp8_mma.eligible(x, w._data[:, :64], w.elem_dtype, w.block_size)
-    assert not fp8_mma.eligible(x, w._data, dtypes.float4_e2m1, w.block_size)  # [N, K / 2]
+    assert not mma_linear.eligible(strided, w._data, w.elem_dtype, w.block_size)
+    assert not mma_linear.eligible(x, w._data, dtypes.float6_e2m3, w.block_size)
+    assert not mma_linear.eligible(x, w._data[:, :64], w.elem_dtype, w.block_size)
+    assert not mma_linear.eligible(x, w._data, dtypes.float4_e2m1, w.block_size)  # [N, K / 2]
 
 
 def test_fused_linear_and_mx_linear_dispatch_here(monkeypatch):
     monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
     calls = []
-    real = fp8_mma.fp8_mma_linear
-    monkeypatch.setattr(fp8_mma, "fp8_mma_linear",
+    real = mma_linear.mma_linear
+    monkeypatch.setattr(mma_linear, "mma_linear",
                         lambda *args: calls.append(args) or real(*args))
     x, w = integer_operands("float8_e5m2", 8, 64, 128)
     bias = torch.randint(-3, 4, (64,)).to(torch.bfloat16).to(DEVICE)
@@ -244,7 +244,7 @@ def test_default_config():
     e4m3, e2m1 = dtypes.float8_e4m3, dtypes.float4_e2m1
 
     def default(fmt, M, N, K, block_size=32):
-        return fp8_mma.default_config(fmt, M, N, K, block_size, cpu)
+        return mma_linear.default_config(fmt, M, N, K, block_size, cpu)
 
     # up to 16 rows: 4 programs an SM under a 128-register cap
     assert default(e4m3, 16, 8192, 8192) == MmaConfig(1, 2, 1, maxnreg=128)
