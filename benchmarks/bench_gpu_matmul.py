@@ -208,9 +208,9 @@ def gemv_sweep(fmts, N, K):
 
 
 def mma_sweep(fmts, Ms, N, K):
-    """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8 or MXFP4 weight in the
-    standard layout (kernels/mma_linear.py): 64 / 128-row tiles, 64-256 bytes of a row a step
-    (64-256 fp8 / 128-512 fp4 codes), two steps ahead, 2-6 programs an SM, each without and
+    """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8, MXFP4 or MXINT8 weight in
+    the standard layout (kernels/mma_linear.py): 64 / 128-row tiles, 64-256 bytes of a row a
+    step (64-256 one-byte / 128-512 fp4 codes), two steps ahead, 2-6 programs an SM, each without and
     with a register cap (128 up to 16 rows: 4 programs of 4 warps an SM; else 168: 3)."""
     for fmt in fmts:
         ws = make_weights(fmt, N, K, ROTATE)
@@ -384,7 +384,7 @@ def main():
             gemv_sweep([f for f in fmts if f in (dtypes.float8_e4m3, dtypes.float8_e5m2,
                                                  dtypes.int8)], N, K)
         mma_sweep([f for f in fmts if f in mma_linear.FAST_SCALES],
-                      [m for m in Ms if 2 <= m <= 64], N, K)
+                  [m for m in Ms if 2 <= m <= 64], N, K)
         if dtypes.float4_e2m1 in fmts:
             fragment_sweep([int(m) for m in (args.m or "1,16,32,64").split(",")], N, K)
         return

@@ -26,7 +26,7 @@ HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 FP8 = ["float8_e4m3", "float8_e5m2"]
 FORMATS = FP8 + ["float4_e2m1", "int8"]
 MmaConfig = mma_linear.MmaConfig
-# Tiles of 64 / 128 rows and 64-256 columns, one and two steps ahead, K in 1-3 parts.
+# Tiles of 64 / 128 rows and 64-256 bytes of a row, one and two steps ahead, K in 1-3 parts.
 CONFIGS = [MmaConfig(1, 1, 1, 1), MmaConfig(1, 2, 3, 2), MmaConfig(2, 1, 2, 1),
            MmaConfig(1, 4, 1, 2)]
 
@@ -35,11 +35,11 @@ pytestmark = pytest.mark.skipif(CUDA and not HOPPER, reason="the kernel needs sm
 
 def _mma(x, w, bias=None, config=None, out_dtype=None):
     return mma_linear.mma_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, bias,
-                                  out_dtype or x.dtype, config)
+                                 out_dtype or x.dtype, config)
 
 
 def _per_byte(fmt):
-    """Codes a byte: a step of u 64-byte units spans 64 u of them."""
+    """Codes a byte: a step of u 64-byte units spans 64 u times as many columns."""
     return 2 if fmt == "float4_e2m1" else 1
 
 
