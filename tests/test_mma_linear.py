@@ -40,7 +40,7 @@ def _mma(x, w, bias=None, config=None, out_dtype=None):
 
 def _per_byte(fmt):
     """Codes a byte: a step of u 64-byte units spans 64 u times as many columns."""
-    return 2 if fmt == "float4_e2m1" else 1
+    return dtypes.from_name(fmt).codes_per_group
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -262,6 +262,10 @@ def test_default_config():
     assert default(e2m1, 32, 128, 384) == MmaConfig(1, 1, 3)
     assert default(e2m1, 64, 128, 8192) == MmaConfig(1, 1, 8)
     assert default(e2m1, 64, 128, 1024, 256).u == 2
+    with pytest.raises(ValueError, match="float6_e2m3"):
+        default(dtypes.float6_e2m3, 16, 128, 8192)
+    with pytest.raises(ValueError, match="K must be a positive multiple of 128"):
+        default(e2m1, 16, 128, 192)
 
 
 # ---------------------------------------------------------------------------- GPU only

@@ -242,11 +242,12 @@ def _load(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
-def _byte(words, i: tl.constexpr, scale, IS_INT: tl.constexpr, BITS: tl.constexpr,
-          MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
-          TO_VALUE: tl.constexpr):
-    return decode_value((words >> (8 * i)) & 0xFF, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
-                        TO_VALUE) * scale
+def _code_value(words, i: tl.constexpr, scale, IS_INT: tl.constexpr, BITS: tl.constexpr,
+                MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+                LSB: tl.constexpr, TO_VALUE: tl.constexpr):
+    """The interpreter's exact decode of code i of each word (BITS bits a code) times scale."""
+    return decode_value((words >> (BITS * i)) & ((1 << BITS) - 1), IS_INT, BITS, MBITS, HAS_INF,
+                        HAS_NAN, LSB, TO_VALUE) * scale
 
 
 @triton.jit
@@ -260,10 +261,10 @@ def _decode_bytes(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.
         # integer, value * 2**6
         scale = (multiplier << 16).to(tl.float32, bitcast=True) \
             * (2.0 ** 6 if IS_INT else 2.0 ** -112 if E5M2 else 2.0 ** -120)
-        v0 = _byte(words, 0, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
-        v1 = _byte(words, 1, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
-        v2 = _byte(words, 2, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
-        v3 = _byte(words, 3, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
+        v0 = _code_value(words, 0, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
+        v1 = _code_value(words, 1, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
+        v2 = _code_value(words, 2, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
+        v3 = _code_value(words, 3, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
     else:
         if IS_INT:
             v0, v1, v2, v3 = tl.inline_asm_elementwise(
@@ -285,26 +286,19 @@ def _decode_bytes(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.
 
 
 @triton.jit
-def _nibble(words, j: tl.constexpr, scale, BITS: tl.constexpr, MBITS: tl.constexpr,
-            TO_VALUE: tl.constexpr):
-    return decode_value((words >> (4 * j)) & 0xF, False, BITS, MBITS, False, False, 1.0,
-                        TO_VALUE) * scale
-
-
-@triton.jit
 def _decode_e2m1(words, multiplier, V: tl.constexpr, U: tl.constexpr, BITS: tl.constexpr,
                  MBITS: tl.constexpr, TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
     """_decode_tile for e2m1 codes (8 a word): [64 V, 128 U]."""
     if INTERPRETER:
         scale = (multiplier << 16).to(tl.float32, bitcast=True) * 2.0 ** -126
-        v0, v1 = _nibble(words, 0, scale, BITS, MBITS, TO_VALUE), \
-            _nibble(words, 1, scale, BITS, MBITS, TO_VALUE)
-        v2, v3 = _nibble(words, 2, scale, BITS, MBITS, TO_VALUE), \
-            _nibble(words, 3, scale, BITS, MBITS, TO_VALUE)
-        v4, v5 = _nibble(words, 4, scale, BITS, MBITS, TO_VALUE), \
-            _nibble(words, 5, scale, BITS, MBITS, TO_VALUE)
-        v6, v7 = _nibble(words, 6, scale, BITS, MBITS, TO_VALUE), \
-            _nibble(words, 7, scale, BITS, MBITS, TO_VALUE)
+        v0 = _code_value(words, 0, scale, False, BITS, MBITS, False, False, 1.0, TO_VALUE)
+        v1 = _code_value(words, 1, scale, False, BITS, MBITS, False, False, 1.0, TO_VALUE)
+        v2 = _code_value(words, 2, scale, False, BITS, MBITS, False, False, 1.0, TO_VALUE)
+        v3 = _code_value(words, 3, scale, False, BITS, MBITS, False, False, 1.0, TO_VALUE)
+        v4 = _code_value(words, 4, scale, False, BITS, MBITS, False, False, 1.0, TO_VALUE)
+        v5 = _code_value(words, 5, scale, False, BITS, MBITS, False, False, 1.0, TO_VALUE)
+        v6 = _code_value(words, 6, scale, False, BITS, MBITS, False, False, 1.0, TO_VALUE)
+        v7 = _code_value(words, 7, scale, False, BITS, MBITS, False, False, 1.0, TO_VALUE)
     else:
         v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
             _DECODE_E2M1, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, multiplier],
@@ -497,17 +491,19 @@ _TILES = {(1, 16): (2, 4, 128), (1, 32): (2, 3, 168), (1, 64): (2, 2, None),
           (2, 16): (2, 2, None), (2, 32): (2, 2, None), (2, 64): (1, 2, None)}
 
 
-def _codes_per_byte(fmt: dtypes.DType) -> int:
-    return 2 if fmt == dtypes.float4_e2m1 else 1
-
-
 def default_config(fmt: dtypes.DType, M: int, N: int, K: int, block_size: int,
                    device: torch.device) -> MmaConfig:
     """`_TILES`' tile for the format and M's activation-row tile (fewer bytes a step where they
     do not divide K; at least a block a step), W's words loaded two steps ahead, and K split
     into one wave of programs at its programs per SM."""
-    unit = CHUNK * _codes_per_byte(fmt)  # the columns of 64 bytes of a row
-    u, per_sm, maxnreg = _TILES[_codes_per_byte(fmt), _block_m(M)]
+    if fmt not in FAST_SCALES or not 1 <= M <= 64:
+        raise ValueError(f"default_config: the kernel takes e4m3, e5m2, e2m1 and int8 weights "
+                         f"and 1..64 rows, got {fmt.name} and M={M}")
+    unit = CHUNK * fmt.codes_per_group  # the columns of 64 bytes of a row (codes a byte)
+    if K <= 0 or K % unit or N <= 0 or N % CHUNK:
+        raise ValueError(f"default_config: K must be a positive multiple of {unit} for "
+                         f"{fmt.name} (whole 64-byte units) and N of {CHUNK}, got N={N}, K={K}")
+    u, per_sm, maxnreg = _TILES[fmt.codes_per_group, _block_m(M)]
     while K % (unit * u):
         u //= 2
     u = max(u, block_size // unit)
@@ -526,7 +522,7 @@ def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_siz
     if x.dim() != 2 or w_data.dim() != 2 or fmt not in FAST_SCALES:
         return False
     (M, K), N = x.shape, w_data.shape[0]
-    cpb = _codes_per_byte(fmt)
+    cpb = fmt.codes_per_group  # codes a byte, for these formats
     return (block_size % (PIECE * cpb) == 0 and 2 <= M <= 64
             and x.dtype == torch.bfloat16 and x.is_contiguous() and w_data.shape[1] * cpb == K
             and N > 0 and K > 0 and N % CHUNK == 0 and K % max(CHUNK * cpb, block_size) == 0
@@ -551,7 +547,7 @@ def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     M, K = x.shape
     N = w_data.shape[0]
     cfg = config or default_config(fmt, M, N, K, block_size, x.device)
-    step = CHUNK * cfg.u * _codes_per_byte(fmt)  # columns a step
+    step = CHUNK * cfg.u * fmt.codes_per_group  # columns a step
     if N % (CHUNK * cfg.v) or K % step or step < block_size:
         raise ValueError(f"mma_linear: config {cfg} does not fit N={N}, K={K} (tiles of "
                          f"{CHUNK} v rows and {step} >= {block_size} columns must divide W)")
