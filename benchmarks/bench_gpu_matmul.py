@@ -208,13 +208,14 @@ def gemv_sweep(fmts, N, K):
 
 
 def mma_sweep(fmts, Ms, N, K):
-    """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8, MXFP4 or MXINT8 weight in
-    the standard layout (kernels/mma_linear.py): 64 / 128-row tiles, 64-256 bytes of a row a
-    step (64-256 one-byte / 128-512 fp4 codes), two steps ahead, 2-6 programs an SM, each without and
-    with a register cap (128 up to 16 rows: 4 programs of 4 warps an SM; else 168: 3)."""
+    """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8, MXFP6, MXFP4 or MXINT8
+    weight in the standard layout (kernels/mma_linear.py): 64 / 128-row tiles, 1-4 units of a
+    row a step (64-256 one-byte / 128-512 fp4 or fp6 codes), two steps ahead, 2-6 programs an
+    SM, each without and with a register cap (128 up to 16 rows: 4 programs of 4 warps an SM;
+    else 168: 3)."""
     for fmt in fmts:
         ws = make_weights(fmt, N, K, ROTATE)
-        unit = 64 * fmt.codes_per_group  # codes in 64 bytes of a row
+        unit = mma_linear.UNITS[fmt.codes_per_group][0]  # codes of a unit of a row
         for M in Ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             configs = []

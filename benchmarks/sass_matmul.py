@@ -113,7 +113,7 @@ def mma_per_code(fmt):
                             tuple(pointers) + ("M", "K", "N", "stride_xm", "stride_wn",
                                                "stride_sn", "stride_om"), num_warps=4,
                             **({} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}))
-    codes = 64 * cfg.v * 64 * cfg.u * fmt.codes_per_group / 128  # per thread and step
+    codes = 64 * cfg.v * mma_linear.UNITS[fmt.codes_per_group][0] * cfg.u / 128  # a thread, a step
     return cfg, *_counted(kernel, codes, "HGMMA")
 
 
@@ -133,9 +133,10 @@ def main():
         cfg, per_code, common = byte_gemv_per_code(fmt)
         tile = f"{cfg.block_n} x {cfg.pieces}, {cfg.num_warps} warps"
         print(f"{fmt.name:12s} {'byte_gemv':12s} {tile:>16s} {per_code:20.2f}  {common}")
-    for fmt in (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float4_e2m1, dtypes.int8):
+    for fmt in (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float6_e2m3, dtypes.float6_e3m2,
+                dtypes.float4_e2m1, dtypes.int8):
         cfg, per_code, common = mma_per_code(fmt)
-        tile = f"{64 * cfg.v} x {64 * cfg.u * fmt.codes_per_group}, 4 warps"
+        tile = f"{64 * cfg.v} x {mma_linear.UNITS[fmt.codes_per_group][0] * cfg.u}, 4 warps"
         print(f"{fmt.name:12s} {'mma_linear':12s} {tile:>16s} {per_code:20.2f}  {common}")
 
 

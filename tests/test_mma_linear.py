@@ -1,5 +1,5 @@
-"""The tensor-core kernel for 2..64 activation rows times an MXFP8, MXFP4 or MXINT8 weight in
-the standard layout (torchmx/kernels/mma_linear.py) and its dispatch from fused_linear.
+"""The tensor-core kernel for 2..64 activation rows times an MXFP8, MXFP6, MXFP4 or MXINT8 weight
+in the standard layout (torchmx/kernels/mma_linear.py) and its dispatch from fused_linear.
 
 On CPU it runs under Triton's interpreter (conftest sets it): tl.loads, the exact fp32 decode
 times the kernel's own multipliers (so the same pieces are poisoned and the same programs take
@@ -17,6 +17,7 @@ from hypothesis import given, settings, strategies as st
 from torchmx import MXTensor, dtypes
 from torchmx.kernels import mma_linear, matmul as km
 from torchmx.mx_ops import weight_matmul
+from torchmx.numerics.packing import pack_codes
 
 from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
                              assert_within_fp32_accumulation, integer_operands, reference)
@@ -24,7 +25,8 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
 CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 FP8 = ["float8_e4m3", "float8_e5m2"]
-FORMATS = FP8 + ["float4_e2m1", "int8"]
+FP6 = ["float6_e2m3", "float6_e3m2"]
+FORMATS = FP8 + FP6 + ["float4_e2m1", "int8"]
 MmaConfig = mma_linear.MmaConfig
 # Tiles of 64 / 128 rows and 64-256 bytes of a row, one and two steps ahead, K in 1-3 parts.
 CONFIGS = [MmaConfig(1, 1, 1, 1), MmaConfig(1, 2, 3, 2), MmaConfig(2, 1, 2, 1),
@@ -38,9 +40,9 @@ def _mma(x, w, bias=None, config=None, out_dtype=None):
                                  out_dtype or x.dtype, config)
 
 
-def _per_byte(fmt):
-    """Codes a byte: a step of u 64-byte units spans 64 u times as many columns."""
-    return dtypes.from_name(fmt).codes_per_group
+def _unit(fmt):
+    """The codes of a row in a unit: a step of u units spans u times as many columns."""
+    return mma_linear.UNITS[dtypes.from_name(fmt).codes_per_group][0]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -49,7 +51,7 @@ def _per_byte(fmt):
 def test_exact_on_exact_sums(fmt, config, M, N, units):
     """Whole and partial activation tiles (M of 16, 32, 64 rows), K in 1-12 steps, split or
     not, odd and even step counts (the unrolled one-ahead loop's extra step)."""
-    x, w = integer_operands(fmt, M, N, 64 * units * _per_byte(fmt))
+    x, w = integer_operands(fmt, M, N, units * _unit(fmt))
     bias = torch.randint(-8, 9, (N,)).to(torch.bfloat16).to(DEVICE)
     out = _mma(x, w, bias, config)
     assert out.dtype == torch.bfloat16 and out.shape == (M, N)
@@ -61,7 +63,7 @@ def test_exact_on_exact_sums(fmt, config, M, N, units):
                          + [("float4_e2m1", b) for b in (32, 64, 128, 256)]
                          + [("int8", b) for b in (32, 256)])
 def test_block_sizes_and_fp32_output(fmt, block_size):
-    unit = 64 * _per_byte(fmt)
+    unit = _unit(fmt)
     K = max(2 * block_size, 4 * unit)
     x, w = integer_operands(fmt, 5, 64, K, block_size=block_size)
     out = _mma(x, w, None, MmaConfig(1, max(1, block_size // unit), 2), torch.float32)
@@ -74,7 +76,7 @@ def test_block_sizes_and_fp32_output(fmt, block_size):
        steps=st.integers(1, 5), v=st.sampled_from([1, 2]), u=st.sampled_from([1, 2]),
        split=st.integers(1, 4), ahead=st.sampled_from([1, 2]), seed=st.integers(0, 99))
 def test_any_tile_is_exact(fmt, M, tiles_n, steps, v, u, split, ahead, seed):
-    N, K = 64 * v * tiles_n, 64 * u * steps * _per_byte(fmt)
+    N, K = 64 * v * tiles_n, u * steps * _unit(fmt)
     x, w = integer_operands(fmt, M, N, K, seed=seed)
     out = _mma(x, w, None, MmaConfig(v, u, split, ahead))
     torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
@@ -95,10 +97,9 @@ def _one_product_per_row(fmt, codes, scales):
     (or Inf / NaN) whatever the order of the sums."""
     w = MXTensor.to_mx(torch.zeros(256, 256, device=DEVICE), fmt, 32)
     n = torch.arange(256, device=DEVICE)
-    data = torch.zeros_like(w._data)
-    per_byte = _per_byte(fmt)  # fp4: code 2 i in the low nibble of byte i
-    data[n, n // per_byte] = (codes.to(DEVICE) << (4 * (n % per_byte))).to(torch.uint8).view(
-        data.dtype)  # MXINT8's codes are int8
+    all_codes = torch.zeros(256, 256, dtype=torch.int32)
+    all_codes[n.cpu(), n.cpu()] = codes.to(torch.int32)
+    data = pack_codes(all_codes, w.elem_dtype).view(w._data.dtype).to(DEVICE)
     scale = torch.full_like(w._scale_e8m0, 127)
     scale[n, n // 32] = scales.to(torch.uint8).to(DEVICE)
     w = w._replace(scale, data)
@@ -111,7 +112,7 @@ def test_every_code(fmt):
     """Every code decodes exactly (NaN codes to NaN, e5m2's Inf codes to Inf, and Inf * 0 to
     NaN), at every byte (and nibble) of a word and every piece of a step; the programs that
     meet a NaN or Inf code recompute their tiles exactly."""
-    codes = torch.arange(256) % (16 if fmt == "float4_e2m1" else 256)
+    codes = torch.arange(256) % (1 << dtypes.from_name(fmt).bits)
     x, w = _one_product_per_row(fmt, codes, torch.full((256,), 127))
     out = _mma(x, w, None, MmaConfig(1, 2, 2), torch.float32)
     expected = x.float() @ w.dequantize(torch.float32).t()
@@ -122,6 +123,9 @@ def test_every_code(fmt):
 @pytest.mark.parametrize("fmt,code", [("float8_e4m3", 0x01), ("float8_e4m3", 0x3A),
                                       ("float8_e4m3", 0x7E), ("float8_e5m2", 0x01),
                                       ("float8_e5m2", 0x3B), ("float8_e5m2", 0x7B),
+                                      ("float6_e2m3", 0x01), ("float6_e2m3", 0x2A),
+                                      ("float6_e2m3", 0x1F), ("float6_e3m2", 0x01),
+                                      ("float6_e3m2", 0x2D), ("float6_e3m2", 0x1F),
                                       ("float4_e2m1", 0x1), ("float4_e2m1", 0xB),
                                       ("float4_e2m1", 0x7), ("int8", 0x01), ("int8", 0x7F),
                                       ("int8", 0x80)])
@@ -141,16 +145,22 @@ _POISONS = ["nan code", "inf code", "tiny scale", "huge scale", "nan scale", "na
 
 
 @pytest.mark.parametrize("fmt,poison", [(f, p) for f in FP8 for p in _POISONS]
-                         + [("float4_e2m1", p) for p in ("huge scale", "nan scale", "nan x")]
+                         + [(f, p) for f in FP6 + ["float4_e2m1"]
+                            for p in ("huge scale", "nan scale", "nan x")]
                          + [("int8", p) for p in ("tiny scale", "nan scale", "nan x")])
 def test_poisoned_pieces_recompute_exactly(fmt, poison):
-    """One piece off the fast path among ordinary ones (e2m1 and MXINT8 have no NaN or Inf
-    code; e2m1's fast path holds every scale up to 2**1, MXINT8's every one from 2**-120):
+    """One piece off the fast path among ordinary ones (fp6, e2m1 and MXINT8 have no NaN or Inf
+    code; the fast path of fp6 and e2m1 holds every scale up to 2**1 / 2**3 (e3m2), MXINT8's
+    every one from 2**-120):
     its program recomputes its whole tile exactly, the other outputs of that tile included, and
     the other programs are untouched."""
     x, w = integer_operands(fmt, 16, 256, 512)
     scale, data = w._scale_e8m0.clone(), w._data.clone()
-    per_byte = _per_byte(fmt)
+    fmt_ = dtypes.from_name(fmt)
+
+    def byte(code):  # the byte of W's row that holds the code (fp4 two a byte, fp6 4 in 3)
+        return code * fmt_.bytes_per_group // fmt_.codes_per_group
+
     if poison == "nan code":
         data[70, 100] = 0x7F
     elif poison == "inf code":
@@ -158,8 +168,8 @@ def test_poisoned_pieces_recompute_exactly(fmt, poison):
         x[3, 100] = 0  # Inf * 0 (or NaN * 0): NaN in that output only for Inf
     elif poison.endswith("scale"):
         # row 70 keeps only block 3 (multiples of 64 codes' units), so its sums stay exact
-        data[70, :96 // per_byte] = 0
-        data[70, 128 // per_byte:] = 0
+        data[70, :byte(96)] = 0
+        data[70, byte(128):] = 0
         scale[70, 3] = {"tiny scale": 1, "huge scale": 150, "nan scale": 255}[poison]
     else:
         x[5, 300] = float("nan")
@@ -170,8 +180,8 @@ def test_poisoned_pieces_recompute_exactly(fmt, poison):
 
 
 def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
-    """N or K of 0, N or K off the 64-grid (K off the 128-grid for fp4), one row, fp16 or
-    strided x: `eligible` refuses them and fused_linear gives the same result through its other
+    """N or K of 0, N or K off the 64-grid (K off the 128-grid for fp4 and fp6), one row (but
+    fp6), fp16 or strided x: `eligible` refuses them and fused_linear gives the same result through its other
     kernels."""
     monkeypatch.setattr(mma_linear, "mma_linear", None)  # not called
     bf16, fp16 = torch.bfloat16, torch.float16
@@ -180,7 +190,9 @@ def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
             ("float8_e4m3", 4, 96, 128, bf16), ("float8_e4m3", 4, 64, 96, bf16),
             ("float8_e4m3", 1, 64, 128, bf16), ("float8_e4m3", 4, 64, 128, fp16),
             ("float4_e2m1", 4, 64, 64, bf16), ("float4_e2m1", 4, 64, 192, bf16),
-            ("float4_e2m1", 4, 96, 256, bf16), ("float4_e2m1", 1, 64, 256, bf16)]:
+            ("float4_e2m1", 4, 96, 256, bf16), ("float4_e2m1", 1, 64, 256, bf16),
+            ("float6_e2m3", 4, 64, 64, bf16), ("float6_e3m2", 4, 64, 192, bf16),
+            ("float6_e2m3", 4, 96, 256, bf16), ("float6_e3m2", 4, 64, 256, fp16)]:
         x, w = integer_operands(fmt, M, N, K, dtype)
         assert not mma_linear.eligible(x, w._data, w.elem_dtype, w.block_size)
         out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None,
@@ -189,9 +201,24 @@ def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
     x, w = integer_operands("float8_e4m3", 4, 64, 128)
     strided = torch.zeros(4, 256, dtype=x.dtype, device=DEVICE)[:, ::2].copy_(x)
     assert not mma_linear.eligible(strided, w._data, w.elem_dtype, w.block_size)
-    assert not mma_linear.eligible(x, w._data, dtypes.float6_e2m3, w.block_size)
+    assert not mma_linear.eligible(x, w._data, dtypes.float6_e2m3, w.block_size)  # [N, 3 K / 4]
     assert not mma_linear.eligible(x, w._data[:, :64], w.elem_dtype, w.block_size)
     assert not mma_linear.eligible(x, w._data, dtypes.float4_e2m1, w.block_size)  # [N, K / 2]
+
+
+@pytest.mark.parametrize("fmt", FP6)
+def test_one_row_of_fp6_runs_here(fmt, monkeypatch):
+    """fp6's one-row kernel is slower than this one (docs/performance.md, twelfth session): one
+    activation row of fp6 takes it, other formats keep their one-row kernels."""
+    x, w = integer_operands(fmt, 1, 128, 384)
+    assert mma_linear.eligible(x, w._data, w.elem_dtype, w.block_size)
+    calls = []
+    real = mma_linear.mma_linear
+    monkeypatch.setattr(mma_linear, "mma_linear", lambda *args: calls.append(args) or real(*args))
+    bias = torch.randint(-3, 4, (128,)).to(torch.bfloat16).to(DEVICE)
+    out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, bias, x.dtype)
+    torch.testing.assert_close(out, reference(x, w, bias), rtol=0, atol=0)
+    assert len(calls) == 1
 
 
 def test_fused_linear_and_mx_linear_dispatch_here(monkeypatch):
@@ -212,7 +239,7 @@ def test_fused_linear_and_mx_linear_dispatch_here(monkeypatch):
     km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None, x.dtype,
                     config=km.Config(km.BLOCK_DOTS, 64, 1, 1))
     assert len(calls) == 2
-    for n, fmt in enumerate(["float4_e2m1", "int8"]):
+    for n, fmt in enumerate(["float4_e2m1", "int8"] + FP6):
         x, w = integer_operands(fmt, 8, 64, 256)
         torch.testing.assert_close(F.linear(x, w, bias), reference(x, w, bias), rtol=0, atol=0)
         assert len(calls) == 3 + n
@@ -262,8 +289,9 @@ def test_default_config():
     assert default(e2m1, 32, 128, 384) == MmaConfig(1, 1, 3)
     assert default(e2m1, 64, 128, 8192) == MmaConfig(1, 1, 8)
     assert default(e2m1, 64, 128, 1024, 256).u == 2
-    with pytest.raises(ValueError, match="float6_e2m3"):
-        default(dtypes.float6_e2m3, 16, 128, 8192)
+    e3m3 = dtypes.ExMy(3, 3)
+    with pytest.raises(ValueError, match=e3m3.name):
+        default(e3m3, 16, 128, 8192)
     with pytest.raises(ValueError, match="K must be a positive multiple of 128"):
         default(e2m1, 16, 128, 192)
 
@@ -277,7 +305,7 @@ gpu = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("fmt,M,N,K", [
     (fmt, *shape) for fmt in FORMATS
     for shape in [(16, 8192, 8192), (2, 4096, 14336), (24, 8192, 8192), (64, 14336, 4096),
-                  (33, 1024, 4224 if fmt == "float4_e2m1" else 4160)]])
+                  (33, 1024, 4096 + _unit(fmt))]])
 def test_gpu_real_sizes(fmt, M, N, K):
     torch.manual_seed(N + M)
     w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)

@@ -6,11 +6,12 @@ once to the output dtype:
 - M <= SMALL_M activation rows (decode): the fused Triton kernel of matmul_kernels.py. The
   weight stays packed in memory and is decoded in registers; the scales multiply fp32 block
   partials, so no element is ever rounded. fp6 only for one row whose weight rows are whole
-  32-bit words (K a multiple of 16): its dot variants read 3-byte groups a byte at a time,
-  slower than the dequantize + cuBLAS path. One row of an fp8 or MXINT8 weight (one-byte
-  codes) whose rows are whole, aligned 16-byte pieces takes byte_gemv.py's kernel instead, and
-  2..64 bf16 rows times an fp8, fp4 or MXINT8 weight whose rows are whole 64-byte units (N a
-  multiple of 64) take mma_linear.py's tensor-core kernel on Hopper.
+  32-bit words (K a multiple of 16), or through mma_linear (below): the dot variants read
+  3-byte groups a byte at a time, slower than the dequantize + cuBLAS path. One row of an fp8
+  or MXINT8 weight (one-byte codes) whose rows are whole, aligned 16-byte pieces takes
+  byte_gemv.py's kernel instead, and 2..64 bf16 rows times an fp8, fp6, fp4 or MXINT8 weight
+  whose rows are whole units (64 one-byte codes, 128 fp6 or fp4 codes; N a multiple of 64)
+  take mma_linear.py's tensor-core kernel on Hopper.
 - larger M (prefill, training), and fp6 otherwise: the weight is dequantized to bf16 (one
   pass of the dequantize kernel) and multiplied by cuBLAS with fp32 accumulation (bf16
   reduced-precision reductions off; for few rows with an fp32 output rounded once here).
@@ -371,8 +372,11 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
         x2 = x2.contiguous()
     if bias is not None:  # the kernels index the bias with unit stride
         bias = bias.contiguous()
+    from . import mma_linear  # it imports this module
+
     fused = (M <= SMALL_M and _int32_offsets(x2, w_data, w_scale, M)
-             and (fmt.codes_per_group != 4 or (M <= ROWS_MAX_M and _whole_words(fmt, w_data, K))))
+             and (fmt.codes_per_group != 4 or (M <= ROWS_MAX_M and _whole_words(fmt, w_data, K))
+                  or mma_linear.eligible(x2, w_data, fmt, block_size)))
     if x.device.type != "cuda" or fused:
         out = fused_linear(x2, w_scale, w_data, fmt, block_size, bias, out_dtype)
     else:

@@ -1,23 +1,27 @@
-"""x [M, K] bf16 @ W.T for an MXFP8 (e4m3 / e5m2), MXFP4 (e2m1) or MXINT8 weight W [N, K] in
-the standard layout and 2..64 activation rows, on Hopper (sm_90) tensor cores.
+"""x [M, K] bf16 @ W.T for an MXFP8 (e4m3 / e5m2), MXFP6 (e2m3 / e3m2), MXFP4 (e2m1) or MXINT8
+weight W [N, K] in the standard layout and 2..64 activation rows (1..64 for fp6), on Hopper
+(sm_90) tensor cores.
 
 W is wgmma's A operand, taken from registers ("swap AB": out^T = W x^T, the activation rows
 are wgmma's N dimension and x^T goes through shared memory). In the m64nNk16 A fragment, lane
 `4 g + t` of warp `w` holds rows `16 w + g` and `16 w + g + 8` of a 64 x 16 slice, at columns
 `2 t`, `2 t + 1`, `2 t + 8`, `2 t + 9`. A dot only needs the same K order on both sides, so the
-kernel reads K in a permuted order instead of rearranging W: per 64 bytes of a row of W (a
-unit: 64 one-byte codes or 128 fp4 codes), lane `t` loads the 16 contiguous bytes at `16 t`
-of each of its two rows (one 16-byte load each), and its word q (bytes `16 t + 4 q .. + 3`)
-becomes its registers of one slice (one-byte codes) or two (fp4). Logical column L of a unit
-is physical column P:
+kernel reads K in a permuted order instead of rearranging W: per unit of a row of W (64
+bytes: 64 one-byte codes or 128 fp4 codes; 96 bytes: 128 fp6 codes), lane `t` loads the
+quarter of the unit at `t` of each of its two rows (a piece: 16 bytes, one 16-byte load; fp6
+24 bytes, three 8-byte loads), and each word q of a piece (bytes `4 q .. + 3`; fp6: each
+three-byte group q of four codes) becomes its registers of one slice (one-byte codes, fp6) or
+two (fp4). Logical column L of a unit is physical column P:
 
 - one-byte codes: L = 16 q + 8 h + 2 t + b, P = 16 t + 4 q + 2 h + b (h, b in {0, 1});
 - fp4 (code 2 i in the low nibble of byte i): L = 32 q + 16 s + 8 h + 2 t + b,
-  P = 32 t + 8 q + 4 s + 2 h + b (s, h, b in {0, 1}).
+  P = 32 t + 8 q + 4 s + 2 h + b (s, h, b in {0, 1});
+- fp6 (code i in bits 6 i .. 6 i + 5 of the little-endian bitstream, q in 0..7):
+  L = 16 q + 8 h + 2 t + b, P = 32 t + 4 q + 2 h + b.
 
-x is loaded in the same order, and nothing of W passes through shared memory. Every 16-byte
-piece lies in one block (blocks are multiples of its 16 or 32 codes): one scale per piece, so
-no weight layout and no prepack step is needed.
+x is loaded in the same order, and nothing of W passes through shared memory. Every piece lies
+in one block (blocks are multiples of its 16 or 32 codes): one scale per piece, so no weight
+layout and no prepack step is needed.
 
 Decode, about 2 to 3 instructions per code, and one bf16x2 multiply per two codes by the
 piece's multiplier 2**(s + c) (s the scale byte, c the format's constant) that makes each
@@ -28,6 +32,9 @@ value exactly value * 2**(s - 127):
   of bf16, and a mask clears the rest: the value times 2**-120 / 2**-112, subnormals included.
 - e2m1: the same with the two codes of a byte (the low one shifted up by 4 first) and a shift
   by 2: the value times 2**-126.
+- e2m3 / e3m2: four shifts of the group's word (funnel shifts where it spans two words) and
+  three bit selects spread its four codes over the top six bits of four bytes; then as fp8,
+  with a shift by 2 / 3: the value times 2**-126 / 2**-124.
 - MXINT8: the codes plus 128 become the low bytes of fp32s 1.5 * 2**23 + code + 128; one
   subtraction leaves each code exactly and a conversion packs two into bf16x2: 64 times the
   value.
@@ -65,17 +72,22 @@ from .matmul_kernels import reduce_splits_kernel
 
 __all__ = ["MmaConfig", "FAST_SCALES", "default_config", "eligible", "mma_linear"]
 
-CHUNK = 64  # rows of W per wgmma A tile, and bytes of a row per unit
-PIECE = 16  # bytes a lane loads from one row per unit
+CHUNK = 64  # rows of W per wgmma A tile
+# Per codes a packed group (fmt.codes_per_group: 1, 2 fp4, 4 fp6): the codes and bytes of a
+# row in a unit, of which each of the four lanes of a quad loads a quarter (a piece).
+UNITS = {1: (64, 64), 2: (128, 64), 4: (128, 96)}
+_FORMATS = "e4m3, e5m2, e2m3, e3m2, e2m1 or int8"
 
 # Scale bytes s for which the decode's one multiply is exact: 2**(s - 7) (e4m3) or 2**(s - 15)
 # (e5m2) is a normal bf16 (s <= 134 / 142), and the format's smallest step times 2**(s - 127)
 # is at least bf16's smallest subnormal 2**-133 (e4m3: 2**-9, s >= 3; e5m2: 2**-16, s >= 10).
-# e2m1: 2**(s - 1) is a normal bf16 for s <= 128, and every value times 2**(s - 127) lies on
-# bf16's grid for every s.
+# e2m1 / e2m3: 2**(s - 1) is a normal bf16 for s <= 128, and every value (2 / 4 significant
+# bits, steps of 2**-1 / 2**-3) times 2**(s - 127) lies on bf16's grid for every s. e3m2:
+# 2**(s - 3) is normal for s <= 130; its steps of 2**-4 are on the grid for every s.
 # MXINT8 (code * 2**(s - 133)): the multiplier is a normal bf16 for 7 <= s <= 254, and every
 # product then is exact in bf16 (overflow only for -128 at 254, Inf as in fp32).
 FAST_SCALES = {dtypes.float8_e4m3: (3, 134), dtypes.float8_e5m2: (10, 142),
+               dtypes.float6_e2m3: (0, 128), dtypes.float6_e3m2: (0, 130),
                dtypes.float4_e2m1: (0, 128), dtypes.int8: (7, 254)}
 
 # A lane's two 16-byte pieces (row g's at $10, row g + 8's $12 bytes on) and their scale bytes
@@ -90,6 +102,20 @@ _LOAD_STEP = tl.constexpr(
     "@p ld.global.L1::no_allocate.v4.u32 {$4, $5, $6, $7}, [a8]; "
     "@p ld.global.u8 $8, [$11]; "
     "@p ld.global.u8 $9, [s8]; }")
+# The same for fp6's 24-byte pieces (8-byte aligned): words $0..$5 (row g), $6..$11 (row g +
+# 8), scale bytes $12, $13; pointers $14, $15, row offsets $16, $17, condition $18.
+_LOAD_STEP_FP6 = tl.constexpr(
+    "{ .reg .pred p; .reg .b64 a8, s8; setp.ne.b32 p, $18, 0; "
+    "add.s64 a8, $14, $16; add.s64 s8, $15, $17; "
+    "mov.b32 $12, -1; mov.b32 $13, -1; "
+    "@p ld.global.L1::no_allocate.v2.u32 {$0, $1}, [$14]; "
+    "@p ld.global.L1::no_allocate.v2.u32 {$2, $3}, [$14+8]; "
+    "@p ld.global.L1::no_allocate.v2.u32 {$4, $5}, [$14+16]; "
+    "@p ld.global.L1::no_allocate.v2.u32 {$6, $7}, [a8]; "
+    "@p ld.global.L1::no_allocate.v2.u32 {$8, $9}, [a8+8]; "
+    "@p ld.global.L1::no_allocate.v2.u32 {$10, $11}, [a8+16]; "
+    "@p ld.global.u8 $12, [$15]; "
+    "@p ld.global.u8 $13, [s8]; }")
 # Four fp8 codes of a word (code i in byte i) -> bf16 halves ($0..$3) times the bf16x2
 # multiplier $5.
 _DECODE = """{ .reg .b32 x0, x1;
@@ -105,6 +131,50 @@ mov.b32 {$0, $1}, x0;
 mov.b32 {$2, $3}, x1; }"""
 _DECODE_E4M3 = tl.constexpr(_DECODE.replace("SHIFT", "4").replace("MASK", "0x87F087F0"))
 _DECODE_E5M2 = tl.constexpr(_DECODE.replace("SHIFT", "5").replace("MASK", "0x8FE08FE0"))
+# Four fp6 codes (a three-byte group) -> bf16 halves ($0..$3) times the bf16x2 multiplier $5.
+# Byte k of e takes code k, bits 6 k .. 6 k + 5 of the group, in its top six bits (from the
+# group shifted left by 2 + 2 k: the low two bits hold the previous code's top bits), so that
+# e reads as four fp8-like codes (sign, exponent, mantissa, two bits the mask clears). The
+# group's word is got by SPREAD: four shifts (funnel shifts where the group spans two words,
+# $4 and $6) into s0..s3; three selects (lop3 0xE4: a where c, else b) keep byte k of s_k.
+_DECODE_FP6 = """{ .reg .b32 s0, s1, s2, s3, e, x0, x1;
+SPREAD
+lop3.b32 e, s0, s1, 0x000000FF, 0xE4;
+lop3.b32 e, e, s2, 0x0000FFFF, 0xE4;
+lop3.b32 e, e, s3, 0x00FFFFFF, 0xE4;
+prmt.b32 x0, e, 0, 0x9180;
+prmt.b32 x1, e, 0, 0xB3A2;
+shl.b32 x0, x0, SHIFT;
+shl.b32 x1, x1, SHIFT;
+and.b32 x0, x0, MASK;
+and.b32 x1, x1, MASK;
+mul.rn.bf16x2 x0, x0, $5;
+mul.rn.bf16x2 x1, x1, $5;
+mov.b32 {$0, $1}, x0;
+mov.b32 {$2, $3}, x1; }"""
+# Group j of a piece's three words a, b, c ($4, $6): its bits start at bit 0 of a (j = 0),
+# bit 24 of b:a (1), bit 16 of c:b (2), bit 8 of c (3); s_k is the group shifted left by
+# 2 + 2 k.
+_SPREAD_FP6 = (
+    "shl.b32 s0, $4, 2; shl.b32 s1, $4, 4; shl.b32 s2, $4, 6; shl.b32 s3, $4, 8;",
+    "shf.r.wrap.b32 s0, $4, $6, 22; shf.r.wrap.b32 s1, $4, $6, 20; "
+    "shf.r.wrap.b32 s2, $4, $6, 18; shf.r.wrap.b32 s3, $4, $6, 16;",
+    "shf.r.wrap.b32 s0, $4, $6, 14; shf.r.wrap.b32 s1, $4, $6, 12; "
+    "shf.r.wrap.b32 s2, $4, $6, 10; shf.r.wrap.b32 s3, $4, $6, 8;",
+    "shr.b32 s0, $4, 6; shr.b32 s1, $4, 4; shr.b32 s2, $4, 2; mov.b32 s3, $4;")
+
+
+def _fp6_decoder(group: int, shift: int, mask: str) -> tl.constexpr:
+    return tl.constexpr(_DECODE_FP6.replace("SPREAD", _SPREAD_FP6[group])
+                        .replace("SHIFT", str(shift)).replace("MASK", mask))
+
+
+# e2m3: sign, exponent and mantissa to bf16's places by a shift by 2 (value * 2**-126); e3m2
+# by 3 (value * 2**-124). By group.
+_DECODE_E2M3_0, _DECODE_E2M3_1, _DECODE_E2M3_2, _DECODE_E2M3_3 = (
+    _fp6_decoder(j, 2, "0x81F081F0") for j in range(4))
+_DECODE_E3M2_0, _DECODE_E3M2_1, _DECODE_E3M2_2, _DECODE_E3M2_3 = (
+    _fp6_decoder(j, 3, "0x83E083E0") for j in range(4))
 # Four MXINT8 codes of a word -> bf16 halves ($0..$3) times the bf16x2 multiplier $5. The codes,
 # offset by 128 (a xor of their sign bits), become the low bytes of fp32s 1.5 * 2**23 + code +
 # 128; one subtraction leaves each code exactly, and a conversion packs two of them (8
@@ -155,18 +225,20 @@ mov.b32 {$6, $7}, x3; }""")
 
 
 @triton.jit
-def _pointers(w_ptr, s_ptr, n0, k0, stride_wn, stride_sn, stride_sk, BLOCK: tl.constexpr,
-              V: tl.constexpr, U: tl.constexpr, CPG: tl.constexpr):
+def _pointers(w_ptr, s_ptr, n0, k0, c0, stride_wn, stride_sn, stride_sk, BLOCK: tl.constexpr,
+              V: tl.constexpr, U: tl.constexpr, UNIT_CODES: tl.constexpr,
+              UNIT_BYTES: tl.constexpr):
     """[4 (warp), V, U, 32 (lane)] pointers to each lane's piece of row n0 + 64 v + 16 w + g
-    (lane 4 g + t) at byte k0 + 64 u + 16 t, and to its scale byte (CPG codes a byte)."""
+    (lane 4 g + t): the quarter t of unit u from byte k0 (code c0) on, and its scale byte."""
     iw = tl.arange(0, 4)[:, None, None, None]
     iv = tl.arange(0, V)[None, :, None, None]
     iu = tl.arange(0, U)[None, None, :, None]
     lane = tl.arange(0, 32)[None, None, None, :]
     row = n0 + 64 * iv + 16 * iw + lane // 4
-    col = k0 + 64 * iu + 16 * (lane % 4)
+    col = k0 + UNIT_BYTES * iu + UNIT_BYTES // 4 * (lane % 4)
+    code = c0 + UNIT_CODES * iu + UNIT_CODES // 4 * (lane % 4)
     return (w_ptr + row * stride_wn + col,
-            s_ptr + row * stride_sn + (col * CPG // BLOCK) * stride_sk)
+            s_ptr + row * stride_sn + (code // BLOCK) * stride_sk)
 
 
 @triton.jit
@@ -176,15 +248,17 @@ def _or(a, b):
 
 @triton.jit
 def _multiplier(words, s, E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.constexpr,
-                S_MAX: tl.constexpr, CPG: tl.constexpr):
+                S_MAX: tl.constexpr, CPG: tl.constexpr, MBITS: tl.constexpr):
     """bf16x2 bits (int32) of each word's piece multiplier, from the words [..., 4 (q)] of the
     pieces and their scale bytes s (the same shape, -1 where the loads were off): 2**(s - 7)
-    (e4m3), 2**(s - 15) (e5m2), 2**(s - 1) (e2m1, CPG 2) or 2**(s - 133) (MXINT8) in both
-    halves; NaN where s is outside [S_MIN, S_MAX] or the piece has a NaN / Inf code (fp8: the
-    top bit of a byte of `(word & MASK) + ONES`, magnitude / exponent all ones); 0 where the
-    loads were off (a step past the end then adds zeros)."""
+    (e4m3), 2**(s - 15) (e5m2), 2**(s - 1) (e2m1, e2m3), 2**(s - 3) (e3m2) or 2**(s - 133)
+    (MXINT8) in both halves; NaN where s is outside [S_MIN, S_MAX] or the piece has a NaN /
+    Inf code (fp8: the top bit of a byte of `(word & MASK) + ONES`, magnitude / exponent all
+    ones); 0 where the loads were off (a step past the end then adds zeros)."""
     fast = (s >= S_MIN) & (s <= S_MAX)
-    if CPG == 2:
+    if CPG == 4 and MBITS == 2:  # e3m2
+        m = tl.where(fast, (s + 124) * 0x00800080, 0x7FC07FC0)
+    elif CPG != 1:  # e2m1, e2m3
         m = tl.where(fast, (s + 126) * 0x00800080, 0x7FC07FC0)
     elif IS_INT:
         m = tl.where(fast, (s - 6) * 0x00800080, 0x7FC07FC0)
@@ -207,10 +281,70 @@ def _by_word(a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @triton.jit
-def _load(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexpr):
+def _grid(x00, x01, x10, x11):
+    """[..., 2, 2] from 4 tensors [...]: [..., i, j] = x_ij."""
+    return tl.join(tl.join(x00, x10), tl.join(x01, x11))
+
+
+@triton.jit
+def _quad(a, b, c, d):
+    """[..., 4] from 4 tensors [...], in order."""
+    return tl.join(tl.join(a, c), tl.join(b, d)).reshape(a.shape + (4,))
+
+
+@triton.jit
+def _load_fp6(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexpr):
+    """_load for fp6's 24-byte pieces: words [4, V, U, 32, 2 (row), 2 (half r), 4] holding the
+    three words a, b, c of each half of a piece (bytes 12 r ..) and a again, the scale bytes
+    repeated in the same shape."""
+    if INTERPRETER:
+        words_ptrs = w_ptrs.to(tl.pointer_type(tl.int32))
+        w0, w1, w2, w3, w4, w5 = (tl.load(words_ptrs, mask=cond, other=0),
+                                  tl.load(words_ptrs + 1, mask=cond, other=0),
+                                  tl.load(words_ptrs + 2, mask=cond, other=0),
+                                  tl.load(words_ptrs + 3, mask=cond, other=0),
+                                  tl.load(words_ptrs + 4, mask=cond, other=0),
+                                  tl.load(words_ptrs + 5, mask=cond, other=0))
+        words_ptrs += row8 // 4
+        w6, w7, w8, w9, w10, w11 = (tl.load(words_ptrs, mask=cond, other=0),
+                                    tl.load(words_ptrs + 1, mask=cond, other=0),
+                                    tl.load(words_ptrs + 2, mask=cond, other=0),
+                                    tl.load(words_ptrs + 3, mask=cond, other=0),
+                                    tl.load(words_ptrs + 4, mask=cond, other=0),
+                                    tl.load(words_ptrs + 5, mask=cond, other=0))
+        s0 = tl.load(s_ptrs, mask=cond, other=0).to(tl.int32)
+        s1 = tl.load(s_ptrs + scale_row8, mask=cond, other=0).to(tl.int32)
+        s0 = tl.where(cond, s0, -1)
+        s1 = tl.where(cond, s1, -1)
+    else:
+        c = tl.zeros(w_ptrs.shape, tl.int32) + cond.to(tl.int32)
+        w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, s0, s1 = tl.inline_asm_elementwise(
+            _LOAD_STEP_FP6, "=r," * 14 + "l,l,l,l,r",
+            [w_ptrs, s_ptrs, tl.zeros(w_ptrs.shape, tl.int64) + row8,
+             tl.zeros(w_ptrs.shape, tl.int64) + scale_row8, c],
+            dtype=(tl.int32,) * 14, is_pure=False, pack=1)
+    a = _grid(w0, w3, w6, w9)
+    b = _grid(w1, w4, w7, w10)
+    c = _grid(w2, w5, w8, w11)
+    s = _grid(s0, s0, s1, s1)
+    return _quad(a, b, c, a), _quad(s, s, s, s)
+
+
+@triton.jit
+def _load(w_ptrs, s_ptrs, row8, scale_row8, cond, CPG: tl.constexpr, INTERPRETER: tl.constexpr):
     """A lane's code words [4, V, U, 32, 2 (row g, g + 8), 4 (q)] of its pieces and their
     pieces' scale bytes (int32, the same shape), where the scalar cond holds; else undefined
-    words and scale bytes -1."""
+    words and scale bytes -1. fp6: see _load_fp6."""
+    if CPG == 4:
+        words, scales = _load_fp6(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER)
+    else:
+        words, scales = _load_bytes(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER)
+    return words, scales
+
+
+@triton.jit
+def _load_bytes(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexpr):
+    """_load for 16-byte pieces (one-byte codes, fp4)."""
     if INTERPRETER:
         words_ptrs = w_ptrs.to(tl.pointer_type(tl.int32))
         w0, w1, w2, w3 = (tl.load(words_ptrs, mask=cond, other=0),
@@ -278,11 +412,17 @@ def _decode_bytes(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.
             v0, v1, v2, v3 = tl.inline_asm_elementwise(
                 _DECODE_E4M3, "=h,=h,=h,=h,r,r", [words, multiplier], dtype=(tl.bfloat16,) * 4,
                 is_pure=True, pack=1)
-    # byte 2 h + b of word q is logical column 16 q + 8 h + 2 t + b of its 64
+    return _bytes_tile(v0, v1, v2, v3, V, U, 4)
+
+
+@triton.jit
+def _bytes_tile(v0, v1, v2, v3, V: tl.constexpr, U: tl.constexpr, Q: tl.constexpr):
+    """[64 V, 16 Q U] from the values [4 (w), V, U, 32 (lane), 2 (a), Q] of codes 2 h + b of
+    each word / group q, logical column 16 q + 8 h + 2 t + b of their unit."""
     tile = tl.join(tl.join(v0, v2), tl.join(v1, v3))  # [..., a, q, h, b]
-    tile = tile.reshape(4, V, U, 8, 4, 2, 4, 2, 2)  # w V U g t a q h b
+    tile = tile.reshape(4, V, U, 8, 4, 2, Q, 2, 2)  # w V U g t a q h b
     tile = tl.permute(tile, [1, 0, 5, 3, 2, 6, 7, 4, 8])  # rows (V w a g), cols (U q h t b)
-    return tile.reshape(64 * V, 64 * U)
+    return tile.reshape(64 * V, 16 * Q * U)
 
 
 @triton.jit
@@ -312,15 +452,92 @@ def _decode_e2m1(words, multiplier, V: tl.constexpr, U: tl.constexpr, BITS: tl.c
 
 
 @triton.jit
+def _split4(x, V: tl.constexpr, U: tl.constexpr):
+    """The 4 tensors [4, V, U, 32, 2, 2] of x [4, V, U, 32, 2, 2, 4], in order."""
+    p, q = tl.split(x.reshape(4, V, U, 32, 2, 2, 2, 2))
+    x0, x2 = tl.split(p)
+    x1, x3 = tl.split(q)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _fp6_group(a, b, multiplier, G: tl.constexpr, MBITS: tl.constexpr, TO_VALUE: tl.constexpr,
+               INTERPRETER: tl.constexpr):
+    """Codes 0..3 of group G (0..3) of the twelve bytes a, b, c (G 0: a; 1: a, b; 2: b, c; 3:
+    c, given as a, b) times the multiplier, as _decode_tile's values."""
+    if INTERPRETER:
+        if G == 0:
+            g = a & 0xFFFFFF
+        elif G == 1:
+            g = ((a >> 24) & 0xFF) | ((b & 0xFFFF) << 8)
+        elif G == 2:
+            g = ((a >> 16) & 0xFFFF) | ((b & 0xFF) << 16)
+        else:
+            g = (a >> 8) & 0xFFFFFF
+        # the GPU's decode reads the codes as value * 2**-126 (e2m3) / 2**-124 (e3m2)
+        scale = (multiplier << 16).to(tl.float32, bitcast=True) \
+            * (2.0 ** -124 if MBITS == 2 else 2.0 ** -126)
+        v0 = _code_value(g, 0, scale, False, 6, MBITS, False, False, 1.0, TO_VALUE)
+        v1 = _code_value(g, 1, scale, False, 6, MBITS, False, False, 1.0, TO_VALUE)
+        v2 = _code_value(g, 2, scale, False, 6, MBITS, False, False, 1.0, TO_VALUE)
+        v3 = _code_value(g, 3, scale, False, 6, MBITS, False, False, 1.0, TO_VALUE)
+    elif MBITS == 2:
+        if G == 0:
+            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E3M2_0)
+        elif G == 1:
+            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E3M2_1)
+        elif G == 2:
+            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E3M2_2)
+        else:
+            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E3M2_3)
+    else:
+        if G == 0:
+            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E2M3_0)
+        elif G == 1:
+            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E2M3_1)
+        elif G == 2:
+            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E2M3_2)
+        else:
+            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E2M3_3)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _fp6_asm(a, multiplier, b, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,r,r,r", [a, multiplier, b],
+                                     dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
+
+
+@triton.jit
+def _decode_fp6(words, multiplier, V: tl.constexpr, U: tl.constexpr, MBITS: tl.constexpr,
+                TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
+    """_decode_tile for fp6 codes (four a three-byte group, 8 groups a piece): [64 V, 128 U]."""
+    a, b, c, _ = _split4(words, V, U)
+    m, _, _, _ = _split4(multiplier, V, U)
+    v00, v01, v02, v03 = _fp6_group(a, a, m, 0, MBITS, TO_VALUE, INTERPRETER)
+    v10, v11, v12, v13 = _fp6_group(a, b, m, 1, MBITS, TO_VALUE, INTERPRETER)
+    v20, v21, v22, v23 = _fp6_group(b, c, m, 2, MBITS, TO_VALUE, INTERPRETER)
+    v30, v31, v32, v33 = _fp6_group(c, c, m, 3, MBITS, TO_VALUE, INTERPRETER)
+    # group q = 4 r + G of a piece (r: its half, the [..., 2, 2]'s last dim)
+    v0 = _quad(v00, v10, v20, v30).reshape(4, V, U, 32, 2, 8)
+    v1 = _quad(v01, v11, v21, v31).reshape(4, V, U, 32, 2, 8)
+    v2 = _quad(v02, v12, v22, v32).reshape(4, V, U, 32, 2, 8)
+    v3 = _quad(v03, v13, v23, v33).reshape(4, V, U, 32, 2, 8)
+    return _bytes_tile(v0, v1, v2, v3, V, U, 8)
+
+
+@triton.jit
 def _decode_tile(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.constexpr,
                  IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
                  HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr,
                  CPG: tl.constexpr, INTERPRETER: tl.constexpr):
-    """W's tile [64 V, 64 U CPG] in the permuted column order, each code's value times its
-    piece's multiplier times the decode's 2**-120 / 2**-112 / 2**-126 / 2**6 (e4m3 / e5m2 /
-    e2m1 / MXINT8): bf16 (fp32 in the interpreter, exact). words, multiplier: [4 (w), V, U,
-    32 (lane), 2 (a), 4 (q)]."""
-    if CPG == 2:
+    """W's tile [64 V, U unit's codes] in the permuted column order, each code's value times its
+    piece's multiplier times the decode's 2**-120 / 2**-112 / 2**-126 / 2**-124 / 2**6 (e4m3
+    / e5m2 / e2m1 and e2m3 / e3m2 / MXINT8): bf16 (fp32 in the interpreter, exact). words,
+    multiplier: [4 (w), V, U, 32 (lane), 2 (a), 4 (q)] (fp6: see _load_fp6)."""
+    if CPG == 4:
+        tile = _decode_fp6(words, multiplier, V, U, MBITS, TO_VALUE, INTERPRETER)
+    elif CPG == 2:
         tile = _decode_e2m1(words, multiplier, V, U, BITS, MBITS, TO_VALUE, INTERPRETER)
     else:
         tile = _decode_bytes(words, multiplier, V, U, E5M2, IS_INT, BITS, MBITS, HAS_NAN, LSB,
@@ -329,10 +546,14 @@ def _decode_tile(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.c
 
 
 @triton.jit
-def _x_columns(k0, U: tl.constexpr, CPG: tl.constexpr):
-    """The physical columns of x for the logical columns 0 .. 64 U CPG of a step at column k0."""
-    L = tl.arange(0, 64 * U * CPG)
-    if CPG == 2:
+def _x_columns(k0, U: tl.constexpr, CPG: tl.constexpr, UNIT_CODES: tl.constexpr):
+    """The physical columns of x for the logical columns 0 .. U UNIT_CODES of a step at column
+    k0."""
+    L = tl.arange(0, U * UNIT_CODES)
+    if CPG == 4:
+        u, q, h, t, b = L // 128, (L // 16) % 8, (L // 8) % 2, (L // 2) % 4, L % 2
+        return k0 + 128 * u + 32 * t + 4 * q + 2 * h + b
+    elif CPG == 2:
         u, q, s, h, t, b = L // 128, (L // 32) % 4, (L // 16) % 2, (L // 8) % 2, (L // 2) % 4, L % 2
         return k0 + 128 * u + 32 * t + 8 * q + 4 * s + 2 * h + b
     u, q, h, t, b = L // 64, (L // 16) % 4, (L // 8) % 2, (L // 2) % 4, L % 2
@@ -347,7 +568,7 @@ def _step(acc, words, scales, x_ptrs, m_ok, V: tl.constexpr, U: tl.constexpr,
     """acc + W's step tile (decoded from `words` and their pieces' scale bytes) times x's
     matching columns."""
     x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
-    multiplier = _multiplier(words, scales, E5M2, IS_INT, S_MIN, S_MAX, CPG)
+    multiplier = _multiplier(words, scales, E5M2, IS_INT, S_MIN, S_MAX, CPG, MBITS)
     w = _decode_tile(words, multiplier, V, U, E5M2, IS_INT, BITS, MBITS, HAS_NAN, LSB, TO_VALUE,
                      CPG, INTERPRETER)
     if INTERPRETER:
@@ -370,7 +591,14 @@ def _exact_tile(x_ptr, w_ptr, s_ptr, n0, k_first, k_count, M, stride_xm, stride_
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_first, k_first + k_count, 16):
         cols = k0 + tl.arange(0, 16)
-        codes = tl.load(w_ptr + rows * stride_wn + cols[None, :] // CPG).to(tl.int32)
+        if CPG == 4:  # code i in bits 6 i .. of the bitstream: 1 or 2 bytes of its group
+            group = 3 * (cols[None, :] // 4)
+            first = group + 6 * (cols[None, :] % 4) // 8
+            low = tl.load(w_ptr + rows * stride_wn + first).to(tl.int32)
+            high = tl.load(w_ptr + rows * stride_wn + tl.minimum(first + 1, group + 2))
+            codes = ((low | (high.to(tl.int32) << 8)) >> (6 * (cols[None, :] % 4) % 8)) & 0x3F
+        else:
+            codes = tl.load(w_ptr + rows * stride_wn + cols[None, :] // CPG).to(tl.int32)
         if CPG == 2:  # code 2 i in the low nibble of byte i
             codes = (codes >> (4 * (cols[None, :] % 2))) & 0xF
         s = tl.load(s_ptr + rows * stride_sn + (k0 // BLOCK) * stride_sk).to(tl.int32)
@@ -393,13 +621,15 @@ def mma_linear_kernel(
     LSB: tl.constexpr, TO_VALUE: tl.constexpr, CPG: tl.constexpr,
 ):
     """Program (tile of 64 V rows of W, part of K): out[m, n] for all m < M <= BLOCK_M, or its
-    fp32 partial with SPLIT > 1. N is a multiple of 64 V, K of 64 U CPG; the `steps` =
-    K / (64 U CPG) steps are shared out over the SPLIT programs of a tile (SPLIT <= steps). The
-    format constants are matmul._format_constants' (E5M2 is HAS_INF; CPG, 1 or 2, the codes a
-    byte)."""
+    fp32 partial with SPLIT > 1. N is a multiple of 64 V, K of U units (UNITS); the `steps` =
+    K / (U unit's codes) steps are shared out over the SPLIT programs of a tile (SPLIT <=
+    steps). The format constants are matmul._format_constants' (E5M2 is HAS_INF; CPG, 1, 2 or
+    4, the codes a packed group)."""
+    UNIT_CODES: tl.constexpr = 128 if CPG == 4 else 64 * CPG  # UNITS
+    UNIT_BYTES: tl.constexpr = 96 if CPG == 4 else 64
     BLOCK_N: tl.constexpr = 64 * V
-    BLOCK_K: tl.constexpr = 64 * U  # bytes of a row a step
-    STEP_K: tl.constexpr = BLOCK_K * CPG  # columns (codes) a step
+    BLOCK_K: tl.constexpr = UNIT_BYTES * U  # bytes of a row a step
+    STEP_K: tl.constexpr = UNIT_CODES * U  # columns (codes) a step
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     first, count = split_steps(pid_k, steps, SPLIT)
@@ -410,22 +640,22 @@ def mma_linear_kernel(
     w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
-    w_ptrs, s_ptrs = _pointers(w_ptr, s_ptr, n0, k_first, stride_wn, stride_sn, stride_sk,
-                               BLOCK, V, U, CPG)
+    w_ptrs, s_ptrs = _pointers(w_ptr, s_ptr, n0, k_first, x_first, stride_wn, stride_sn,
+                               stride_sk, BLOCK, V, U, UNIT_CODES, UNIT_BYTES)
     row8 = 8 * stride_wn
     scale_row8 = 8 * stride_sn
     S_STEP: tl.constexpr = STEP_K // BLOCK  # scale bytes per row and step (BLOCK <= STEP_K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + _x_columns(x_first, U, CPG)[None, :]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + _x_columns(x_first, U, CPG, UNIT_CODES)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    words, scales = _load(w_ptrs, s_ptrs, row8, scale_row8, count > 0, INTERPRETER)
+    words, scales = _load(w_ptrs, s_ptrs, row8, scale_row8, count > 0, CPG, INTERPRETER)
     if AHEAD == 2:
         words1, scales1 = _load(w_ptrs + BLOCK_K, s_ptrs + S_STEP * stride_sk, row8, scale_row8,
-                                count > 1, INTERPRETER)
+                                count > 1, CPG, INTERPRETER)
         for i in range(count):
             # step i + 2's words, in flight during the decode and dot of step i
             words2, scales2 = _load(w_ptrs + (i + 2) * BLOCK_K,
                                     s_ptrs + (i + 2) * S_STEP * stride_sk, row8, scale_row8,
-                                    i + 2 < count, INTERPRETER)
+                                    i + 2 < count, CPG, INTERPRETER)
             acc = _step(acc, words, scales, x_ptrs + i * STEP_K, m_ok, V, U, E5M2, IS_INT,
                         S_MIN, S_MAX, BITS, MBITS, HAS_NAN, LSB, TO_VALUE, CPG, INTERPRETER)
             words, scales = words1, scales1
@@ -438,12 +668,12 @@ def mma_linear_kernel(
             odd_ok = 2 * j + 1 < count
             words1, scales1 = _load(w_ptrs + (2 * j + 1) * BLOCK_K,
                                     s_ptrs + (2 * j + 1) * S_STEP * stride_sk, row8, scale_row8,
-                                    odd_ok, INTERPRETER)
+                                    odd_ok, CPG, INTERPRETER)
             acc = _step(acc, words, scales, x_ptrs + 2 * j * STEP_K, m_ok, V, U, E5M2, IS_INT,
                         S_MIN, S_MAX, BITS, MBITS, HAS_NAN, LSB, TO_VALUE, CPG, INTERPRETER)
             words, scales = _load(w_ptrs + (2 * j + 2) * BLOCK_K,
                                   s_ptrs + (2 * j + 2) * S_STEP * stride_sk, row8, scale_row8,
-                                  2 * j + 2 < count, INTERPRETER)
+                                  2 * j + 2 < count, CPG, INTERPRETER)
             acc = _step(acc, words1, scales1, x_ptrs + (2 * j + 1) * STEP_K, m_ok & odd_ok, V,
                         U, E5M2, IS_INT, S_MIN, S_MAX, BITS, MBITS, HAS_NAN, LSB, TO_VALUE, CPG,
                         INTERPRETER)
@@ -464,8 +694,8 @@ def mma_linear_kernel(
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """Launch parameters: a tile of 64 V rows x 64 U bytes of each row of W per step (64 U
-    one-byte codes, 128 U fp4 codes), K split over `split` programs, W's words loaded `ahead`
+    """Launch parameters: a tile of 64 V rows x U units of each row of W per step (`UNITS`: 64 U
+    one-byte codes, 128 U fp4 or fp6 codes), K split over `split` programs, W's words loaded `ahead`
     (1 or 2) steps before their decode, and a cap on registers per thread (`maxnreg`, None:
     ptxas chooses) that keeps enough programs on each SM. A program is one warpgroup (4
     warps): the loads' layout is wgmma's for 4 warps."""
@@ -479,16 +709,18 @@ class MmaConfig:
         check_tile(self)
 
 
-# Per format (codes a byte) and tile of activation rows (16, 32, 64): 64-byte units of a row a
+# Per format (codes a packed group) and tile of activation rows (16, 32, 64): units of a row a
 # step (u), programs per SM and register cap, for tiles of 64 W rows. K is split so that one
 # wave of programs fills the SMs at the registers ptxas takes. fp8: 128 codes a step; about
 # 134 registers a thread at 16 rows, capped at 128 (4 programs of 4 warps a SM, no spills),
 # about 165 at 32 rows, capped at 168 (3), about 226 at 64 rows (2). fp4: 256 codes a step up to
-# 32 rows (about 196 registers, 2 programs a SM), 128 at 64 rows. From H100 sweeps at
-# N = K = 8192 (docs/performance.md, tenth and eleventh sessions), where 128-row tiles did no
+# 32 rows (about 196 registers, 2 programs a SM), 128 at 64 rows. fp6: 128 codes a step, as
+# fp8's tiles (about 125 registers at 16 rows, 159 at 32 and 225 at 64). From H100 sweeps at
+# N = K = 8192 (docs/performance.md, tenth to twelfth sessions), where 128-row tiles did no
 # better.
 _TILES = {(1, 16): (2, 4, 128), (1, 32): (2, 3, 168), (1, 64): (2, 2, None),
-          (2, 16): (2, 2, None), (2, 32): (2, 2, None), (2, 64): (1, 2, None)}
+          (2, 16): (2, 2, None), (2, 32): (2, 2, None), (2, 64): (1, 2, None),
+          (4, 16): (1, 4, 128), (4, 32): (1, 3, 168), (4, 64): (1, 2, None)}
 
 
 def default_config(fmt: dtypes.DType, M: int, N: int, K: int, block_size: int,
@@ -497,12 +729,12 @@ def default_config(fmt: dtypes.DType, M: int, N: int, K: int, block_size: int,
     do not divide K; at least a block a step), W's words loaded two steps ahead, and K split
     into one wave of programs at its programs per SM."""
     if fmt not in FAST_SCALES or not 1 <= M <= 64:
-        raise ValueError(f"default_config: the kernel takes e4m3, e5m2, e2m1 and int8 weights "
-                         f"and 1..64 rows, got {fmt.name} and M={M}")
-    unit = CHUNK * fmt.codes_per_group  # the columns of 64 bytes of a row (codes a byte)
+        raise ValueError(f"default_config: the kernel takes {_FORMATS} weights and 1..64 rows, "
+                         f"got {fmt.name} and M={M}")
+    unit = UNITS[fmt.codes_per_group][0]  # the codes of a unit
     if K <= 0 or K % unit or N <= 0 or N % CHUNK:
         raise ValueError(f"default_config: K must be a positive multiple of {unit} for "
-                         f"{fmt.name} (whole 64-byte units) and N of {CHUNK}, got N={N}, K={K}")
+                         f"{fmt.name} (whole units) and N of {CHUNK}, got N={N}, K={K}")
     u, per_sm, maxnreg = _TILES[fmt.codes_per_group, _block_m(M)]
     while K % (unit * u):
         u //= 2
@@ -514,40 +746,44 @@ def default_config(fmt: dtypes.DType, M: int, N: int, K: int, block_size: int,
 
 
 def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_size: int) -> bool:
-    """Whether `mma_linear` takes this product: 2..64 contiguous bf16 rows x [M, K], an e4m3,
-    e5m2, e2m1 or MXINT8 weight [N, K] with N a non-zero multiple of 64 and K of the block size
-    and of the columns of 64 bytes (64 one-byte / 128 fp4 codes); a block a multiple of the
-    codes of 16 bytes; unit stride along K, rows and both tensors 16-byte aligned; an sm_90 GPU
-    (or Triton's interpreter on the CPU)."""
+    """Whether `mma_linear` takes this product: 2..64 contiguous bf16 rows x [M, K] (1..64 for
+    fp6, whose one-row kernel is slower), an e4m3, e5m2, e2m3, e3m2, e2m1 or MXINT8 weight
+    [N, K] with N a non-zero multiple of 64 and K of the block size and of a unit's codes
+    (`UNITS`: 64 one-byte, 128 fp4 or fp6 codes); a block a multiple of a piece's codes (a
+    quarter unit); unit stride along K, rows and both tensors 16-byte aligned; an sm_90 GPU (or
+    Triton's interpreter on the CPU)."""
     if x.dim() != 2 or w_data.dim() != 2 or fmt not in FAST_SCALES:
         return False
     (M, K), N = x.shape, w_data.shape[0]
-    cpb = fmt.codes_per_group  # codes a byte, for these formats
-    return (block_size % (PIECE * cpb) == 0 and 2 <= M <= 64
-            and x.dtype == torch.bfloat16 and x.is_contiguous() and w_data.shape[1] * cpb == K
-            and N > 0 and K > 0 and N % CHUNK == 0 and K % max(CHUNK * cpb, block_size) == 0
-            and w_data.stride(1) == 1 and w_data.stride(0) % PIECE == 0
+    unit = UNITS[fmt.codes_per_group][0]
+    fewest_rows = 1 if fmt.codes_per_group == 4 else 2
+    return (block_size % (unit // 4) == 0 and fewest_rows <= M <= 64
+            and x.dtype == torch.bfloat16 and x.is_contiguous()
+            and w_data.shape[1] * fmt.codes_per_group == K * fmt.bytes_per_group
+            and N > 0 and K > 0 and N % CHUNK == 0 and K % max(unit, block_size) == 0
+            and w_data.stride(1) == 1 and w_data.stride(0) % 16 == 0
             and _aligned(x) and _aligned(w_data) and usable_on(x.device))
 
 
 def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
                fmt: dtypes.DType, block_size: int, bias: Optional[torch.Tensor],
                out_dtype: torch.dtype, config: Optional[MmaConfig] = None) -> torch.Tensor:
-    """x [M, K] @ W.T + bias (contiguous), rounded once to out_dtype, for the MXFP8, MXFP4 or
-    MXINT8 weight W [N, K] given by its codes `w_data` [N, K] (fp4: [N, K / 2], two a byte)
-    and scale bytes `w_scale` [N, K / block_size]."""
+    """x [M, K] @ W.T + bias (contiguous), rounded once to out_dtype, for the MXFP8, MXFP6,
+    MXFP4 or MXINT8 weight W [N, K] given by its codes `w_data` [N, K] (fp6: [N, 3 K / 4],
+    four in three bytes; fp4: [N, K / 2], two a byte) and scale bytes `w_scale`
+    [N, K / block_size]."""
     if not eligible(x, w_data, fmt, block_size):
-        raise ValueError(f"mma_linear: needs 2..64 contiguous bf16 rows and an e4m3, e5m2, "
-                         f"e2m1 or int8 weight with N a multiple of {CHUNK}, K of the block "
-                         f"size and of 64 bytes of codes, unit stride along K and "
-                         f"16-byte aligned rows on an sm_90 GPU (see eligible), got x {x.dtype} "
+        raise ValueError(f"mma_linear: needs 2..64 (fp6: 1..64) contiguous bf16 rows and an "
+                         f"{_FORMATS} weight with N a multiple of {CHUNK}, K of the block size "
+                         f"and of a unit's codes (UNITS), unit stride along K and 16-byte "
+                         f"aligned rows on an sm_90 GPU (see eligible), got x {x.dtype} "
                          f"{tuple(x.shape)} on {x.device}, {fmt.name} codes "
                          f"{tuple(w_data.shape)} with strides {w_data.stride()}, block size "
                          f"{block_size}")
     M, K = x.shape
     N = w_data.shape[0]
     cfg = config or default_config(fmt, M, N, K, block_size, x.device)
-    step = CHUNK * cfg.u * fmt.codes_per_group  # columns a step
+    step = UNITS[fmt.codes_per_group][0] * cfg.u  # columns a step
     if N % (CHUNK * cfg.v) or K % step or step < block_size:
         raise ValueError(f"mma_linear: config {cfg} does not fit N={N}, K={K} (tiles of "
                          f"{CHUNK} v rows and {step} >= {block_size} columns must divide W)")
