@@ -61,6 +61,7 @@ def test_exact_on_exact_sums(fmt, config, M, N, units):
 
 @pytest.mark.parametrize("fmt,block_size", [("float8_e4m3", b) for b in (16, 32, 64, 128, 256)]
                          + [("float4_e2m1", b) for b in (32, 64, 128, 256)]
+                         + [(f, b) for f in FP6 for b in (32, 64, 256)]
                          + [("int8", b) for b in (32, 256)])
 def test_block_sizes_and_fp32_output(fmt, block_size):
     unit = _unit(fmt)
