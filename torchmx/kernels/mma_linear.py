@@ -618,15 +618,14 @@ def mma_linear_kernel(
     SPLIT: tl.constexpr, AHEAD: tl.constexpr, HAS_BIAS: tl.constexpr, E5M2: tl.constexpr,
     S_MIN: tl.constexpr, S_MAX: tl.constexpr, INTERPRETER: tl.constexpr, IS_INT: tl.constexpr,
     BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
-    LSB: tl.constexpr, TO_VALUE: tl.constexpr, CPG: tl.constexpr,
+    LSB: tl.constexpr, TO_VALUE: tl.constexpr, CPG: tl.constexpr, UNIT_CODES: tl.constexpr,
+    UNIT_BYTES: tl.constexpr,
 ):
     """Program (tile of 64 V rows of W, part of K): out[m, n] for all m < M <= BLOCK_M, or its
     fp32 partial with SPLIT > 1. N is a multiple of 64 V, K of U units (UNITS); the `steps` =
     K / (U unit's codes) steps are shared out over the SPLIT programs of a tile (SPLIT <=
     steps). The format constants are matmul._format_constants' (E5M2 is HAS_INF; CPG, 1, 2 or
-    4, the codes a packed group)."""
-    UNIT_CODES: tl.constexpr = 128 if CPG == 4 else 64 * CPG  # UNITS
-    UNIT_BYTES: tl.constexpr = 96 if CPG == 4 else 64
+    4, the codes a packed group); UNIT_CODES and UNIT_BYTES the format's UNITS."""
     BLOCK_N: tl.constexpr = 64 * V
     BLOCK_K: tl.constexpr = UNIT_BYTES * U  # bytes of a row a step
     STEP_K: tl.constexpr = UNIT_CODES * U  # columns (codes) a step
@@ -723,6 +722,11 @@ _TILES = {(1, 16): (2, 4, 128), (1, 32): (2, 3, 168), (1, 64): (2, 2, None),
           (4, 16): (1, 4, 128), (4, 32): (1, 3, 168), (4, 64): (1, 2, None)}
 
 
+def _unit_constants(fmt: dtypes.DType) -> dict:
+    unit_codes, unit_bytes = UNITS[fmt.codes_per_group]
+    return dict(UNIT_CODES=unit_codes, UNIT_BYTES=unit_bytes)
+
+
 def default_config(fmt: dtypes.DType, M: int, N: int, K: int, block_size: int,
                    device: torch.device) -> MmaConfig:
     """`_TILES`' tile for the format and M's activation-row tile (fewer bytes a step where they
@@ -800,7 +804,7 @@ def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
         out.stride(0), BLOCK=block_size, BLOCK_M=_block_m(M), V=cfg.v, U=cfg.u, SPLIT=split,
         AHEAD=cfg.ahead, HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2,
         S_MIN=low, S_MAX=high, INTERPRETER=interpreter, num_warps=4, num_stages=2,
-        **_format_constants(fmt),
+        **_format_constants(fmt), **_unit_constants(fmt),
         **({} if cfg.maxnreg is None or interpreter else {"maxnreg": cfg.maxnreg}))
     if split > 1:
         block = 1024
