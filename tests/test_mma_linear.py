@@ -182,8 +182,8 @@ def test_poisoned_pieces_recompute_exactly(fmt, poison):
 
 def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
     """N or K of 0, N or K off the 64-grid (K off the 128-grid for fp4 and fp6), one row (but
-    fp6), fp16 or strided x: `eligible` refuses them and fused_linear gives the same result through its other
-    kernels."""
+    fp6), fp16 or strided x: `eligible` refuses them and fused_linear gives the same result
+    through its other kernels."""
     monkeypatch.setattr(mma_linear, "mma_linear", None)  # not called
     bf16, fp16 = torch.bfloat16, torch.float16
     for fmt, M, N, K, dtype in [
