@@ -116,11 +116,11 @@ _LOAD_STEP_FP6 = tl.constexpr(
     "@p ld.global.L1::no_allocate.v2.u32 {$10, $11}, [a8+16]; "
     "@p ld.global.u8 $12, [$15]; "
     "@p ld.global.u8 $13, [s8]; }")
-# Four fp8 codes of a word (code i in byte i) -> bf16 halves ($0..$3) times the bf16x2
-# multiplier $5.
+# Four fp8 codes of a word (code i in byte i of WORD: $4, or fp6's spread group) -> bf16 halves
+# ($0..$3) times the bf16x2 multiplier $5.
 _DECODE = """{ .reg .b32 x0, x1;
-prmt.b32 x0, $4, 0, 0x9180;
-prmt.b32 x1, $4, 0, 0xB3A2;
+prmt.b32 x0, WORD, 0, 0x9180;
+prmt.b32 x1, WORD, 0, 0xB3A2;
 shl.b32 x0, x0, SHIFT;
 shl.b32 x1, x1, SHIFT;
 and.b32 x0, x0, MASK;
@@ -129,29 +129,22 @@ mul.rn.bf16x2 x0, x0, $5;
 mul.rn.bf16x2 x1, x1, $5;
 mov.b32 {$0, $1}, x0;
 mov.b32 {$2, $3}, x1; }"""
-_DECODE_E4M3 = tl.constexpr(_DECODE.replace("SHIFT", "4").replace("MASK", "0x87F087F0"))
-_DECODE_E5M2 = tl.constexpr(_DECODE.replace("SHIFT", "5").replace("MASK", "0x8FE08FE0"))
+_DECODE_E4M3 = tl.constexpr(_DECODE.replace("WORD", "$4").replace("SHIFT", "4")
+                            .replace("MASK", "0x87F087F0"))
+_DECODE_E5M2 = tl.constexpr(_DECODE.replace("WORD", "$4").replace("SHIFT", "5")
+                            .replace("MASK", "0x8FE08FE0"))
 # Four fp6 codes (a three-byte group) -> bf16 halves ($0..$3) times the bf16x2 multiplier $5.
 # Byte k of e takes code k, bits 6 k .. 6 k + 5 of the group, in its top six bits (from the
 # group shifted left by 2 + 2 k: the low two bits hold the previous code's top bits), so that
 # e reads as four fp8-like codes (sign, exponent, mantissa, two bits the mask clears). The
 # group's word is got by SPREAD: four shifts (funnel shifts where the group spans two words,
 # $4 and $6) into s0..s3; three selects (lop3 0xE4: a where c, else b) keep byte k of s_k.
-_DECODE_FP6 = """{ .reg .b32 s0, s1, s2, s3, e, x0, x1;
+_DECODE_FP6 = """{ .reg .b32 s0, s1, s2, s3, e;
 SPREAD
 lop3.b32 e, s0, s1, 0x000000FF, 0xE4;
 lop3.b32 e, e, s2, 0x0000FFFF, 0xE4;
 lop3.b32 e, e, s3, 0x00FFFFFF, 0xE4;
-prmt.b32 x0, e, 0, 0x9180;
-prmt.b32 x1, e, 0, 0xB3A2;
-shl.b32 x0, x0, SHIFT;
-shl.b32 x1, x1, SHIFT;
-and.b32 x0, x0, MASK;
-and.b32 x1, x1, MASK;
-mul.rn.bf16x2 x0, x0, $5;
-mul.rn.bf16x2 x1, x1, $5;
-mov.b32 {$0, $1}, x0;
-mov.b32 {$2, $3}, x1; }"""
+""" + _DECODE.replace("WORD", "e") + " }"
 # Group j of a piece's three words a, b, c ($4, $6): its bits start at bit 0 of a (j = 0),
 # bit 24 of b:a (1), bit 16 of c:b (2), bit 8 of c (3); s_k is the group shifted left by
 # 2 + 2 k.
@@ -293,6 +286,22 @@ def _quad(a, b, c, d):
 
 
 @triton.jit
+def _interpreter_scales(s_ptrs, scale_row8, cond):
+    """The interpreter's scale bytes of a lane's two rows (int32), -1 where cond is off."""
+    s0 = tl.load(s_ptrs, mask=cond, other=0).to(tl.int32)
+    s1 = tl.load(s_ptrs + scale_row8, mask=cond, other=0).to(tl.int32)
+    return tl.where(cond, s0, -1), tl.where(cond, s1, -1)
+
+
+@triton.jit
+def _load_operands(w_ptrs, s_ptrs, row8, scale_row8, cond):
+    """The load asm's inputs: the pointers, the row offsets and the condition, per element."""
+    return [w_ptrs, s_ptrs, tl.zeros(w_ptrs.shape, tl.int64) + row8,
+            tl.zeros(w_ptrs.shape, tl.int64) + scale_row8,
+            tl.zeros(w_ptrs.shape, tl.int32) + cond.to(tl.int32)]
+
+
+@triton.jit
 def _load_fp6(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexpr):
     """_load for fp6's 24-byte pieces: words [4, V, U, 32, 2 (row), 2 (half r), 4] holding the
     three words a, b, c of each half of a piece (bytes 12 r ..) and a again, the scale bytes
@@ -312,16 +321,11 @@ def _load_fp6(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexpr)
                                     tl.load(words_ptrs + 3, mask=cond, other=0),
                                     tl.load(words_ptrs + 4, mask=cond, other=0),
                                     tl.load(words_ptrs + 5, mask=cond, other=0))
-        s0 = tl.load(s_ptrs, mask=cond, other=0).to(tl.int32)
-        s1 = tl.load(s_ptrs + scale_row8, mask=cond, other=0).to(tl.int32)
-        s0 = tl.where(cond, s0, -1)
-        s1 = tl.where(cond, s1, -1)
+        s0, s1 = _interpreter_scales(s_ptrs, scale_row8, cond)
     else:
-        c = tl.zeros(w_ptrs.shape, tl.int32) + cond.to(tl.int32)
         w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, s0, s1 = tl.inline_asm_elementwise(
             _LOAD_STEP_FP6, "=r," * 14 + "l,l,l,l,r",
-            [w_ptrs, s_ptrs, tl.zeros(w_ptrs.shape, tl.int64) + row8,
-             tl.zeros(w_ptrs.shape, tl.int64) + scale_row8, c],
+            _load_operands(w_ptrs, s_ptrs, row8, scale_row8, cond),
             dtype=(tl.int32,) * 14, is_pure=False, pack=1)
     a = _grid(w0, w3, w6, w9)
     b = _grid(w1, w4, w7, w10)
@@ -356,16 +360,11 @@ def _load_bytes(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexp
                           tl.load(words_ptrs + 1, mask=cond, other=0),
                           tl.load(words_ptrs + 2, mask=cond, other=0),
                           tl.load(words_ptrs + 3, mask=cond, other=0))
-        s0 = tl.load(s_ptrs, mask=cond, other=0).to(tl.int32)
-        s1 = tl.load(s_ptrs + scale_row8, mask=cond, other=0).to(tl.int32)
-        s0 = tl.where(cond, s0, -1)
-        s1 = tl.where(cond, s1, -1)
+        s0, s1 = _interpreter_scales(s_ptrs, scale_row8, cond)
     else:
-        c = tl.zeros(w_ptrs.shape, tl.int32) + cond.to(tl.int32)
         w0, w1, w2, w3, w4, w5, w6, w7, s0, s1 = tl.inline_asm_elementwise(
-            _LOAD_STEP, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,l,l,l,l,r",
-            [w_ptrs, s_ptrs, tl.zeros(w_ptrs.shape, tl.int64) + row8,
-             tl.zeros(w_ptrs.shape, tl.int64) + scale_row8, c],
+            _LOAD_STEP, "=r," * 10 + "l,l,l,l,r",
+            _load_operands(w_ptrs, s_ptrs, row8, scale_row8, cond),
             dtype=(tl.int32,) * 10, is_pure=False, pack=1)
     # Nothing here reads the loaded values (the multipliers are made at the decode): an
     # instruction that did would wait for the loads in the step that issues them. The scale
