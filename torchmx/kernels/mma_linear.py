@@ -399,18 +399,10 @@ def _decode_bytes(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.
         v2 = _code_value(words, 2, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
         v3 = _code_value(words, 3, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
     else:
-        if IS_INT:
-            v0, v1, v2, v3 = tl.inline_asm_elementwise(
-                _DECODE_INT8, "=h,=h,=h,=h,r,r", [words, multiplier], dtype=(tl.bfloat16,) * 4,
-                is_pure=True, pack=1)
-        elif E5M2:
-            v0, v1, v2, v3 = tl.inline_asm_elementwise(
-                _DECODE_E5M2, "=h,=h,=h,=h,r,r", [words, multiplier], dtype=(tl.bfloat16,) * 4,
-                is_pure=True, pack=1)
-        else:
-            v0, v1, v2, v3 = tl.inline_asm_elementwise(
-                _DECODE_E4M3, "=h,=h,=h,=h,r,r", [words, multiplier], dtype=(tl.bfloat16,) * 4,
-                is_pure=True, pack=1)
+        v0, v1, v2, v3 = tl.inline_asm_elementwise(
+            _DECODE_INT8 if IS_INT else _DECODE_E5M2 if E5M2 else _DECODE_E4M3,
+            "=h,=h,=h,=h,r,r", [words, multiplier], dtype=(tl.bfloat16,) * 4, is_pure=True,
+            pack=1)
     return _bytes_tile(v0, v1, v2, v3, V, U, 4)
 
 
@@ -460,10 +452,11 @@ def _split4(x, V: tl.constexpr, U: tl.constexpr):
 
 
 @triton.jit
-def _fp6_group(a, b, multiplier, G: tl.constexpr, MBITS: tl.constexpr, TO_VALUE: tl.constexpr,
-               INTERPRETER: tl.constexpr):
+def _fp6_group(a, b, multiplier, G: tl.constexpr, ASM: tl.constexpr, MBITS: tl.constexpr,
+               TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
     """Codes 0..3 of group G (0..3) of the twelve bytes a, b, c (G 0: a; 1: a, b; 2: b, c; 3:
-    c, given as a, b) times the multiplier, as _decode_tile's values."""
+    c, given as a, b) times the multiplier, as _decode_tile's values; on the GPU by ASM, the
+    format's decoder of group G."""
     if INTERPRETER:
         if G == 0:
             g = a & 0xFFFFFF
@@ -480,31 +473,11 @@ def _fp6_group(a, b, multiplier, G: tl.constexpr, MBITS: tl.constexpr, TO_VALUE:
         v1 = _code_value(g, 1, scale, False, 6, MBITS, False, False, 1.0, TO_VALUE)
         v2 = _code_value(g, 2, scale, False, 6, MBITS, False, False, 1.0, TO_VALUE)
         v3 = _code_value(g, 3, scale, False, 6, MBITS, False, False, 1.0, TO_VALUE)
-    elif MBITS == 2:
-        if G == 0:
-            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E3M2_0)
-        elif G == 1:
-            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E3M2_1)
-        elif G == 2:
-            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E3M2_2)
-        else:
-            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E3M2_3)
     else:
-        if G == 0:
-            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E2M3_0)
-        elif G == 1:
-            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E2M3_1)
-        elif G == 2:
-            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E2M3_2)
-        else:
-            v0, v1, v2, v3 = _fp6_asm(a, multiplier, b, _DECODE_E2M3_3)
+        v0, v1, v2, v3 = tl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,r,r,r", [a, multiplier, b],
+                                                   dtype=(tl.bfloat16,) * 4, is_pure=True,
+                                                   pack=1)
     return v0, v1, v2, v3
-
-
-@triton.jit
-def _fp6_asm(a, multiplier, b, ASM: tl.constexpr):
-    return tl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,r,r,r", [a, multiplier, b],
-                                     dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -513,10 +486,15 @@ def _decode_fp6(words, multiplier, V: tl.constexpr, U: tl.constexpr, MBITS: tl.c
     """_decode_tile for fp6 codes (four a three-byte group, 8 groups a piece): [64 V, 128 U]."""
     a, b, c, _ = _split4(words, V, U)
     m, _, _, _ = _split4(multiplier, V, U)
-    v00, v01, v02, v03 = _fp6_group(a, a, m, 0, MBITS, TO_VALUE, INTERPRETER)
-    v10, v11, v12, v13 = _fp6_group(a, b, m, 1, MBITS, TO_VALUE, INTERPRETER)
-    v20, v21, v22, v23 = _fp6_group(b, c, m, 2, MBITS, TO_VALUE, INTERPRETER)
-    v30, v31, v32, v33 = _fp6_group(c, c, m, 3, MBITS, TO_VALUE, INTERPRETER)
+    E3M2: tl.constexpr = MBITS == 2
+    v00, v01, v02, v03 = _fp6_group(a, a, m, 0, _DECODE_E3M2_0 if E3M2 else _DECODE_E2M3_0,
+                                    MBITS, TO_VALUE, INTERPRETER)
+    v10, v11, v12, v13 = _fp6_group(a, b, m, 1, _DECODE_E3M2_1 if E3M2 else _DECODE_E2M3_1,
+                                    MBITS, TO_VALUE, INTERPRETER)
+    v20, v21, v22, v23 = _fp6_group(b, c, m, 2, _DECODE_E3M2_2 if E3M2 else _DECODE_E2M3_2,
+                                    MBITS, TO_VALUE, INTERPRETER)
+    v30, v31, v32, v33 = _fp6_group(c, c, m, 3, _DECODE_E3M2_3 if E3M2 else _DECODE_E2M3_3,
+                                    MBITS, TO_VALUE, INTERPRETER)
     # group q = 4 r + G of a piece (r: its half, the [..., 2, 2]'s last dim)
     v0 = _quad(v00, v10, v20, v30).reshape(4, V, U, 32, 2, 8)
     v1 = _quad(v01, v11, v21, v31).reshape(4, V, U, 32, 2, 8)
