@@ -46,7 +46,8 @@ from .fragment_layout import CHUNK
 from .matmul import _block_m, _interpreting, _sm_count
 from .triton_backend import device_capability
 
-__all__ = ["FragmentConfig", "default_config", "fragment_linear", "store_out", "usable_on"]
+__all__ = ["FragmentConfig", "default_config", "fragment_linear", "store_out", "store_split",
+           "usable_on"]
 
 _DECODE = """{
 .reg .b32 t4, t6, t10, t14, p0, p1, p2, p3;
@@ -206,6 +207,28 @@ def store_out(acc, bias_ptr, out_ptr, rows, cols, stride_om, mask, HAS_BIAS: tl.
 
 
 @triton.jit
+def store_split(acc, partials_ptr, counters_ptr, bias_ptr, out_ptr, tile, part, part_rows, rows,
+                cols, N, stride_om, mask, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                INTERPRETER: tl.constexpr):
+    """Program `part` of the SPLIT that share K for `tile` stores its fp32 partial (acc, as for
+    store_out) at partials[part, rows, cols] (part_rows rows a part, N columns) and counts its
+    arrival; the last of the tile to arrive adds the partials in part order (so the result does
+    not depend on arrival order), stores out as store_out does, and resets the tile's counter
+    to 0 for the next call."""
+    tl.store(partials_ptr + (part * part_rows + rows) * N + cols, acc, mask=mask)
+    tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+    arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel")
+    if arrived == SPLIT - 1:
+        tl.debug_barrier()
+        acc = tl.load(partials_ptr + rows * N + cols, mask=mask, other=0.0, cache_modifier=".cg")
+        for j in tl.static_range(1, SPLIT):
+            acc += tl.load(partials_ptr + (j * part_rows + rows) * N + cols, mask=mask, other=0.0,
+                           cache_modifier=".cg")
+        store_out(acc, bias_ptr, out_ptr, rows, cols, stride_om, mask, HAS_BIAS, INTERPRETER)
+        tl.store(counters_ptr + tile, 0)
+
+
+@triton.jit
 def split_steps(pid_k, steps, SPLIT: tl.constexpr):
     """(first step, step count) of program pid_k's part of K: the `steps` shared out over the
     SPLIT programs of a tile as evenly as they go."""
@@ -276,18 +299,8 @@ def fp4_fragment_matmul_kernel(
     cols = offs_n[:, None]
     mask = (rows < M) & (cols < N)
     if SPLIT > 1:
-        tl.store(partials_ptr + (pid_k * BLOCK_M + rows) * N + cols, acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
-        arrived = tl.atomic_add(counters_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT - 1:  # the last program of this tile adds the partials in order
-            tl.debug_barrier()
-            acc = tl.load(partials_ptr + rows * N + cols, mask=mask, other=0.0,
-                          cache_modifier=".cg")
-            for j in tl.static_range(1, SPLIT):
-                acc += tl.load(partials_ptr + (j * BLOCK_M + rows) * N + cols, mask=mask,
-                               other=0.0, cache_modifier=".cg")
-            store_out(acc, bias_ptr, out_ptr, rows, cols, stride_om, mask, HAS_BIAS, INTERPRETER)
-            tl.store(counters_ptr + pid_n, 0)
+        store_split(acc, partials_ptr, counters_ptr, bias_ptr, out_ptr, pid_n, pid_k, BLOCK_M,
+                    rows, cols, N, stride_om, mask, SPLIT, HAS_BIAS, INTERPRETER)
     else:
         store_out(acc, bias_ptr, out_ptr, rows, cols, stride_om, mask, HAS_BIAS, INTERPRETER)
 

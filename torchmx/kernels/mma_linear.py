@@ -57,16 +57,17 @@ multipliers, so the same pieces are poisoned and the same programs recompute.
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import dtypes
+from . import piece_layout
 from ._tl_numerics import decode_value, scale_value
 from .byte_gemv import _aligned
-from .fragment_matmul import check_tile, split_steps, store_out, usable_on
+from .fragment_matmul import check_tile, split_steps, store_out, store_split, usable_on
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
 
@@ -232,6 +233,23 @@ def _pointers(w_ptr, s_ptr, n0, k0, c0, stride_wn, stride_sn, stride_sk, BLOCK: 
     code = c0 + UNIT_CODES * iu + UNIT_CODES // 4 * (lane % 4)
     return (w_ptr + row * stride_wn + col,
             s_ptr + row * stride_sn + (code // BLOCK) * stride_sk)
+
+
+@triton.jit
+def _piece_pointers(codes_ptr, scales_ptr, tile, first_unit, units, V: tl.constexpr,
+                    U: tl.constexpr, UNIT_CODES: tl.constexpr, UNIT_BYTES: tl.constexpr):
+    """_pointers for the piece layout (piece_layout.py): the same pieces and scale bytes, of
+    units first_unit .. of the 64 V-row tile `tile`, whose W has `units` units a row."""
+    iw = tl.arange(0, 4)[:, None, None, None]
+    iv = tl.arange(0, V)[None, :, None, None]
+    iu = tl.arange(0, U)[None, None, :, None]
+    lane = tl.arange(0, 32)[None, None, None, :]
+    BLOCKS: tl.constexpr = UNIT_CODES // 32  # a unit's blocks
+    chunk = (tile * V + iv) * units + first_unit + iu
+    piece = (64 * iw + lane) * (UNIT_BYTES // 4)  # row half a = 0
+    scale = ((8 * iw + lane // 4) * BLOCKS + (lane % 4) * BLOCKS // 4) * 2
+    return (codes_ptr + chunk * (64 * UNIT_BYTES) + piece,
+            scales_ptr + chunk * (64 * BLOCKS) + scale)
 
 
 @triton.jit
@@ -589,20 +607,25 @@ def _exact_tile(x_ptr, w_ptr, s_ptr, n0, k_first, k_count, M, stride_xm, stride_
 
 @triton.jit
 def mma_linear_kernel(
-    x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr,
-    M, N, K, steps, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
+    x_ptr, w_ptr, s_ptr, pieces_ptr, piece_scales_ptr, counters_ptr, bias_ptr, out_ptr,
+    partials_ptr, M, N, K, steps, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, V: tl.constexpr, U: tl.constexpr,
     SPLIT: tl.constexpr, AHEAD: tl.constexpr, HAS_BIAS: tl.constexpr, E5M2: tl.constexpr,
     S_MIN: tl.constexpr, S_MAX: tl.constexpr, INTERPRETER: tl.constexpr, IS_INT: tl.constexpr,
     BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
     LSB: tl.constexpr, TO_VALUE: tl.constexpr, CPG: tl.constexpr, UNIT_CODES: tl.constexpr,
-    UNIT_BYTES: tl.constexpr,
+    UNIT_BYTES: tl.constexpr, PIECES: tl.constexpr,
 ):
     """Program (tile of 64 V rows of W, part of K): out[m, n] for all m < M <= BLOCK_M, or its
     fp32 partial with SPLIT > 1. N is a multiple of 64 V, K of U units (UNITS); the `steps` =
     K / (U unit's codes) steps are shared out over the SPLIT programs of a tile (SPLIT <=
     steps). The format constants are matmul._format_constants' (E5M2 is HAS_INF; CPG, 1, 2 or
-    4, the codes a packed group); UNIT_CODES and UNIT_BYTES the format's UNITS."""
+    4, the codes a packed group); UNIT_CODES and UNIT_BYTES the format's UNITS.
+
+    With PIECES, the fast path reads W from its piece layout (pieces_ptr, piece_scales_ptr;
+    w_ptr and s_ptr, the standard layout, only in the exact recomputation), and the last
+    program of a tile to finish adds the split-K partials (counters_ptr: a zero int32 a tile,
+    left at zero); without, the partials are added by reduce_splits_kernel."""
     BLOCK_N: tl.constexpr = 64 * V
     BLOCK_K: tl.constexpr = UNIT_BYTES * U  # bytes of a row a step
     STEP_K: tl.constexpr = UNIT_CODES * U  # columns (codes) a step
@@ -616,22 +639,30 @@ def mma_linear_kernel(
     w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
-    w_ptrs, s_ptrs = _pointers(w_ptr, s_ptr, n0, k_first, x_first, stride_wn, stride_sn,
-                               stride_sk, BLOCK, V, U, UNIT_CODES, UNIT_BYTES)
-    row8 = 8 * stride_wn
-    scale_row8 = 8 * stride_sn
-    S_STEP: tl.constexpr = STEP_K // BLOCK  # scale bytes per row and step (BLOCK <= STEP_K)
+    if PIECES:
+        w_ptrs, s_ptrs = _piece_pointers(pieces_ptr, piece_scales_ptr, pid_n, first * U,
+                                         K // UNIT_CODES, V, U, UNIT_CODES, UNIT_BYTES)
+        row8 = 8 * UNIT_BYTES  # to row half a = 1: 32 pieces on
+        scale_row8 = 1
+        code_step = 64 * UNIT_BYTES * U
+        scale_step = 2 * UNIT_CODES * U  # 64 rows x (UNIT_CODES / 32) blocks a unit
+    else:
+        w_ptrs, s_ptrs = _pointers(w_ptr, s_ptr, n0, k_first, x_first, stride_wn, stride_sn,
+                                   stride_sk, BLOCK, V, U, UNIT_CODES, UNIT_BYTES)
+        row8 = 8 * stride_wn
+        scale_row8 = 8 * stride_sn
+        code_step = BLOCK_K
+        scale_step = (STEP_K // BLOCK) * stride_sk  # BLOCK <= STEP_K
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + _x_columns(x_first, U, CPG, UNIT_CODES)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     words, scales = _load(w_ptrs, s_ptrs, row8, scale_row8, count > 0, CPG, INTERPRETER)
     if AHEAD == 2:
-        words1, scales1 = _load(w_ptrs + BLOCK_K, s_ptrs + S_STEP * stride_sk, row8, scale_row8,
+        words1, scales1 = _load(w_ptrs + code_step, s_ptrs + scale_step, row8, scale_row8,
                                 count > 1, CPG, INTERPRETER)
         for i in range(count):
             # step i + 2's words, in flight during the decode and dot of step i
-            words2, scales2 = _load(w_ptrs + (i + 2) * BLOCK_K,
-                                    s_ptrs + (i + 2) * S_STEP * stride_sk, row8, scale_row8,
-                                    i + 2 < count, CPG, INTERPRETER)
+            words2, scales2 = _load(w_ptrs + (i + 2) * code_step, s_ptrs + (i + 2) * scale_step,
+                                    row8, scale_row8, i + 2 < count, CPG, INTERPRETER)
             acc = _step(acc, words, scales, x_ptrs + i * STEP_K, m_ok, V, U, E5M2, IS_INT,
                         S_MIN, S_MAX, BITS, MBITS, HAS_NAN, LSB, TO_VALUE, CPG, INTERPRETER)
             words, scales = words1, scales1
@@ -642,13 +673,13 @@ def mma_linear_kernel(
         # more, on zero multipliers and zero x: it adds zeros.
         for j in range((count + 1) // 2):
             odd_ok = 2 * j + 1 < count
-            words1, scales1 = _load(w_ptrs + (2 * j + 1) * BLOCK_K,
-                                    s_ptrs + (2 * j + 1) * S_STEP * stride_sk, row8, scale_row8,
+            words1, scales1 = _load(w_ptrs + (2 * j + 1) * code_step,
+                                    s_ptrs + (2 * j + 1) * scale_step, row8, scale_row8,
                                     odd_ok, CPG, INTERPRETER)
             acc = _step(acc, words, scales, x_ptrs + 2 * j * STEP_K, m_ok, V, U, E5M2, IS_INT,
                         S_MIN, S_MAX, BITS, MBITS, HAS_NAN, LSB, TO_VALUE, CPG, INTERPRETER)
-            words, scales = _load(w_ptrs + (2 * j + 2) * BLOCK_K,
-                                  s_ptrs + (2 * j + 2) * S_STEP * stride_sk, row8, scale_row8,
+            words, scales = _load(w_ptrs + (2 * j + 2) * code_step,
+                                  s_ptrs + (2 * j + 2) * scale_step, row8, scale_row8,
                                   2 * j + 2 < count, CPG, INTERPRETER)
             acc = _step(acc, words1, scales1, x_ptrs + (2 * j + 1) * STEP_K, m_ok & odd_ok, V,
                         U, E5M2, IS_INT, S_MIN, S_MAX, BITS, MBITS, HAS_NAN, LSB, TO_VALUE, CPG,
@@ -662,7 +693,10 @@ def mma_linear_kernel(
     cols = (n0 + tl.arange(0, BLOCK_N))[:, None]
     rows = offs_m[None, :]
     mask = rows < M
-    if SPLIT > 1:
+    if SPLIT > 1 and PIECES:
+        store_split(acc, partials_ptr, counters_ptr, bias_ptr, out_ptr, pid_n, pid_k, M, rows,
+                    cols, N, stride_om, mask, SPLIT, HAS_BIAS, INTERPRETER)
+    elif SPLIT > 1:
         tl.store(partials_ptr + (pid_k * M + rows) * N + cols, acc, mask=mask)
     else:
         store_out(acc, bias_ptr, out_ptr, rows, cols, stride_om, mask, HAS_BIAS, INTERPRETER)
@@ -746,13 +780,49 @@ def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_siz
             and _aligned(x) and _aligned(w_data) and usable_on(x.device))
 
 
+def _check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
+                  device: torch.device) -> None:
+    """ValueError unless `pieces` is (codes, scales, counters) of piece_layout.pack for this
+    weight, with zero-able int32 counters a 64-row tile, all contiguous on `device`."""
+    if not piece_layout.fits(fmt, block_size, N, K):
+        raise ValueError(f"mma_linear: the piece layout needs blocks of {piece_layout.BLOCK}, got "
+                         f"{fmt.name} in blocks of {block_size}")
+    if not isinstance(pieces, (tuple, list)) or len(pieces) != 3:
+        raise ValueError("mma_linear: pieces must be (codes, scales, counters)")
+    expected = [(N * K * fmt.bytes_per_group // fmt.codes_per_group, torch.uint8, 16),
+                (N * K // piece_layout.BLOCK, torch.uint8, 1), (N // CHUNK, torch.int32, 4)]
+    for name, t, (numel, dtype, alignment) in zip(("codes", "scales", "counters"), pieces,
+                                                 expected):
+        if (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != numel
+                or t.dtype != dtype or not t.is_contiguous() or t.device != device):
+            raise ValueError(f"mma_linear: the pieces' {name} must be a contiguous 1-d {dtype} "
+                             f"tensor of {numel} elements on {device} (piece_layout.pack), got "
+                             f"{_describe(t)}")
+        if t.data_ptr() % alignment:  # the kernel's vector loads
+            raise ValueError(f"mma_linear: the pieces' {name} must be {alignment}-byte aligned "
+                             "(a fresh tensor is)")
+
+
+def _describe(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{t.dtype} of shape {tuple(t.shape)} on {t.device}"
+
+
 def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
                fmt: dtypes.DType, block_size: int, bias: Optional[torch.Tensor],
-               out_dtype: torch.dtype, config: Optional[MmaConfig] = None) -> torch.Tensor:
+               out_dtype: torch.dtype, config: Optional[MmaConfig] = None,
+               pieces: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+               ) -> torch.Tensor:
     """x [M, K] @ W.T + bias (contiguous), rounded once to out_dtype, for the MXFP8, MXFP6,
     MXFP4 or MXINT8 weight W [N, K] given by its codes `w_data` [N, K] (fp6: [N, 3 K / 4],
     four in three bytes; fp4: [N, K / 2], two a byte) and scale bytes `w_scale`
-    [N, K / block_size]."""
+    [N, K / block_size].
+
+    `pieces`: W's piece layout (codes and scales from piece_layout.pack, blocks of 32) and its
+    int32 split counters [N / 64] (zero between calls; calls with the same counters must not
+    run concurrently): the kernel then reads W from the pieces and adds the split-K partials
+    itself."""
     if not eligible(x, w_data, fmt, block_size):
         raise ValueError(f"mma_linear: needs 2..64 (fp6: 1..64) contiguous bf16 rows and an "
                          f"{_FORMATS} weight with N a multiple of {CHUNK}, K of the block size "
@@ -768,22 +838,26 @@ def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     if N % (CHUNK * cfg.v) or K % step or step < block_size:
         raise ValueError(f"mma_linear: config {cfg} does not fit N={N}, K={K} (tiles of "
                          f"{CHUNK} v rows and {step} >= {block_size} columns must divide W)")
+    if pieces is not None:
+        _check_pieces(pieces, fmt, block_size, N, K, x.device)
     steps = K // step
     split = min(cfg.split, steps)
     interpreter = _interpreting()
     out = torch.empty((M, N), dtype=out_dtype, device=x.device)
     partials = (torch.empty((split, M, N), dtype=torch.float32, device=x.device)
                 if split > 1 else out)
+    piece_codes, piece_scales, counters = pieces if pieces is not None else (w_data, w_scale, out)
     low, high = FAST_SCALES[fmt]
     mma_linear_kernel[(N // (CHUNK * cfg.v), split)](
-        x, w_data, w_scale, bias if bias is not None else out, out, partials,
+        x, w_data, w_scale, piece_codes, piece_scales, counters,
+        bias if bias is not None else out, out, partials,
         M, N, K, steps, x.stride(0), w_data.stride(0), w_scale.stride(0), w_scale.stride(1),
         out.stride(0), BLOCK=block_size, BLOCK_M=_block_m(M), V=cfg.v, U=cfg.u, SPLIT=split,
         AHEAD=cfg.ahead, HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2,
-        S_MIN=low, S_MAX=high, INTERPRETER=interpreter, num_warps=4, num_stages=2,
-        **_format_constants(fmt), **_unit_constants(fmt),
+        S_MIN=low, S_MAX=high, INTERPRETER=interpreter, PIECES=pieces is not None,
+        num_warps=4, num_stages=2, **_format_constants(fmt), **_unit_constants(fmt),
         **({} if cfg.maxnreg is None or interpreter else {"maxnreg": cfg.maxnreg}))
-    if split > 1:
+    if split > 1 and pieces is None:
         block = 1024
         reduce_splits_kernel[(triton.cdiv(M * N, block),)](
             partials, bias if bias is not None else out, out, M, N, out.stride(0), out.stride(1),

@@ -1,0 +1,89 @@
+"""The piece layout: a copy of an MX weight whose every warp load in `mma_linear` is contiguous.
+
+`mma_linear` (kernels/mma_linear.py) reads the standard layout (codes [N, packed K], scale bytes
+[N, K / 32]) in pieces: lane `4 g + t` of warp `w` loads, for each unit of a row (64 one-byte
+codes in 64 bytes, 128 fp4 codes in 64 bytes, 128 fp6 codes in 96 bytes), the quarter `t` of
+the unit (a piece of PIECE = unit bytes / 4) of rows `16 w + g` and `16 w + g + 8` of a 64-row
+tile. A warp load thus touches 8 rows, PIECE * 4 bytes of each. `pack` moves the pieces, and
+nothing inside them, so that each warp load reads 32 PIECE contiguous bytes and each
+64-row x one-unit chunk of W is one run (chunks of a 64-row tile follow each other along K):
+
+    codes  [N / 64, K / unit, 4 (w), 2 (a), 8 (g), 4 (t), PIECE bytes]    64 unit bytes a chunk
+    scales [N / 64, K / unit, 4 (w), 8 (g), B (blk), 2 (a)]               128 B (B 2) or 256 B (4)
+
+Row `64 nb + 16 w + 8 a + g`, piece `t` of unit `kb`, and B = unit codes / 32 blocks a unit
+(2 for one-byte codes, 4 for fp4 and fp6). A piece lies in block `blk = t * B / 4`, so the two
+scale bytes a lane needs per chunk (rows a = 0, 1 of its block) are adjacent. The layout is a
+permutation of bytes: the kernel decodes exactly what it decodes from the standard layout.
+
+Only blocks of 32 (the OCP MX block), N and K multiples of 64 and of a unit: `fits`.
+"""
+
+from typing import Tuple
+
+import torch
+
+from .. import dtypes
+
+__all__ = ["CHUNK", "FORMATS", "fits", "pack", "unpack", "unit"]
+
+CHUNK = 64  # rows of W per chunk
+BLOCK = 32
+# The codes and bytes of a row in a unit, per format (mma_linear.UNITS).
+FORMATS = {dtypes.float8_e4m3: (64, 64), dtypes.float8_e5m2: (64, 64), dtypes.int8: (64, 64),
+           dtypes.float6_e2m3: (128, 96), dtypes.float6_e3m2: (128, 96),
+           dtypes.float4_e2m1: (128, 64)}
+
+
+def unit(fmt: dtypes.DType) -> Tuple[int, int]:
+    """(codes, bytes) of a row in one unit of this format."""
+    return FORMATS[fmt]
+
+
+def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int) -> bool:
+    """Whether a weight [out_features, in_features] of this format has a piece layout: an
+    mma_linear format in blocks of 32, out_features a non-zero multiple of 64 and in_features
+    of a unit's codes (64 one-byte, 128 fp4 or fp6 codes)."""
+    return (fmt in FORMATS and block_size == BLOCK and out_features > 0 and in_features > 0
+            and out_features % CHUNK == 0 and in_features % FORMATS[fmt][0] == 0)
+
+
+def _dims(fmt: dtypes.DType, N: int, K: int) -> Tuple[int, int, int, int]:
+    """(N / 64, K / unit, piece bytes, blocks a unit)."""
+    codes, nbytes = FORMATS[fmt]
+    return N // CHUNK, K // codes, nbytes // 4, codes // BLOCK
+
+
+def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
+         ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the piece layout's
+    (codes, scales): flat uint8 copies on data's device."""
+    N = data.shape[0] if data.dim() == 2 else 0
+    K = data.shape[1] * fmt.codes_per_group // fmt.bytes_per_group if data.dim() == 2 else 0
+    if (not fits(fmt, BLOCK, N, K) or tuple(scale.shape) != (N, K // BLOCK)
+            or scale.dtype != torch.uint8):
+        raise ValueError(f"piece_layout.pack: needs {fmt.name} parts of a [N, K] weight in blocks "
+                         f"of {BLOCK} with N a multiple of {CHUNK} and K of "
+                         f"{FORMATS.get(fmt, (0,))[0]} (an mma_linear format), got data "
+                         f"{tuple(data.shape)} and scale {scale.dtype} {tuple(scale.shape)}")
+    nb, kb, piece, blocks = _dims(fmt, N, K)
+    codes = data.view(torch.uint8).reshape(nb, 4, 2, 8, kb, 4, piece)  # nb w a g | kb t | byte
+    scales = scale.reshape(nb, 4, 2, 8, kb, blocks)                    # nb w a g | kb blk
+    return (codes.permute(0, 4, 1, 2, 3, 5, 6).reshape(-1).contiguous(),
+            scales.permute(0, 4, 1, 3, 5, 2).reshape(-1).contiguous())
+
+
+def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_features: int,
+           in_features: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of `pack`: (scale [N, K / 32], data [N, packed K]) uint8."""
+    N, K = out_features, in_features
+    if (not fits(fmt, BLOCK, N, K) or codes.shape != (N * K * fmt.bytes_per_group
+                                                      // fmt.codes_per_group,)
+            or scales.shape != (N * K // BLOCK,)):
+        raise ValueError(f"piece_layout.unpack: codes and scales must be pack's of a {fmt.name} "
+                         f"weight [{out_features}, {in_features}], got shapes "
+                         f"{tuple(codes.shape)} and {tuple(scales.shape)}")
+    nb, kb, piece, blocks = _dims(fmt, N, K)
+    data = codes.reshape(nb, kb, 4, 2, 8, 4, piece).permute(0, 2, 3, 4, 1, 5, 6)
+    scale = scales.reshape(nb, kb, 4, 8, blocks, 2).permute(0, 2, 5, 3, 1, 4)
+    return scale.reshape(N, K // BLOCK).contiguous(), data.reshape(N, -1).contiguous()
