@@ -1,6 +1,6 @@
 """The fragment layout of MXFP4 weights (kernels/fragment_layout.py), its Hopper kernel
-(kernels/fragment_matmul.py), the op that dispatches to it (mx_ops/fragment_linear.py) and
-MXInferenceLinear.prepack().
+(kernels/fragment_matmul.py) and the op that dispatches to it (mx_ops/fragment_linear.py);
+MXInferenceLinear.prepack() is tested in test_prepack.py.
 
 On CPU the kernel runs under Triton's interpreter with the same bit program written in plain
 Triton (`_decode_reference`); on an sm_90 GPU the inline-PTX decode and wgmma run, plus real
@@ -16,12 +16,10 @@ import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
-from torchmx.config import MXConfig, QLinearConfig
 from torchmx.kernels import fragment_layout as fl
 from torchmx.kernels import fragment_matmul as fm
 from torchmx.mx_ops import fragment_linear as fop
 from torchmx.mx_ops import weight_matmul
-from torchmx.nn import MXInferenceLinear, prepack_weights
 from torchmx.numerics import decode
 
 from matmul_operands import DEVICE, assert_within_fp32_accumulation, integer_operands, reference
@@ -352,142 +350,6 @@ def test_op_checks_its_parts():
     with pytest.raises(ValueError, match="multiples of 64"):
         torch.ops.torchmx.mx_fp4_fragment_linear(x[:, :96], codes, scales, counters, fold,
                                                  w96._scale_e8m0, w96._data, 96, None, x.dtype)
-
-
-# ---------------------------------------------------------------------------------- the layer
-
-def _layer(N=128, K=256, bias=True, fmt="float4_e2m1", activations=None, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    linear = torch.nn.Linear(K, N, bias=bias).to(torch.bfloat16)
-    with torch.no_grad():
-        linear.weight.copy_(torch.randint(-6, 7, (N, K), generator=g))
-        if bias:
-            linear.bias.copy_(torch.randint(-8, 9, (N,), generator=g))
-    qconfig = QLinearConfig(weights_config=MXConfig(fmt), activations_config=activations)
-    return MXInferenceLinear.from_float(linear, qconfig).to(DEVICE)
-
-
-@pytest.mark.parametrize("rows", [1, 2, 16, 64, 70])
-def test_prepacked_layer_equals_the_plain_one(rows):
-    needs_kernel()
-    layer = _layer()
-    x = torch.randint(-4, 5, (rows, 256)).to(torch.bfloat16).to(DEVICE)
-    expected = layer(x)
-    assert not layer.prepacked and "prepacked" not in repr(layer)
-    assert layer.prepack() is layer and layer.prepacked and repr(layer).endswith("prepacked)")
-    torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
-
-
-def test_prepacked_layer_trains_its_bias_and_input_straight_through():
-    needs_kernel()
-    plain, packed = _layer(), _layer().prepack()
-    grads = []
-    for layer in (plain, packed):
-        x = torch.randint(-4, 5, (8, 256)).to(torch.bfloat16).to(DEVICE).requires_grad_()
-        layer(x).sum().backward()
-        grads.append((x.grad, layer.bias.grad))
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
-def test_prepack_is_not_saved_and_is_rebuilt_on_load():
-    needs_kernel()
-    layer = _layer().prepack()
-    state = layer.state_dict()
-    assert not any("fragment" in k for k in state)
-    other = _layer(seed=1)
-    layer.load_state_dict(other.state_dict())
-    assert layer.prepacked
-    s, d = fl.unshuffle(layer.weight_fragment_codes, layer.weight_fragment_scales, 128, 256)
-    assert torch.equal(s, other.weight_scale) and torch.equal(d, other.weight_data)
-    x = torch.randint(-4, 5, (4, 256)).to(torch.bfloat16).to(DEVICE)
-    torch.testing.assert_close(layer(x), other(x), rtol=0, atol=0)
-
-
-def test_an_eager_forward_rebuilds_a_stale_copy():
-    needs_kernel()
-    layer, other = _layer(bias=False).prepack(), _layer(seed=1, bias=False)
-    x = torch.randint(-4, 5, (4, 256)).to(torch.bfloat16).to(DEVICE)
-    layer.weight_data.copy_(other.weight_data)  # written in place
-    layer.weight_scale.copy_(other.weight_scale)
-    torch.testing.assert_close(layer(x), other(x), rtol=0, atol=0)
-    third = _layer(seed=2, bias=False)
-    layer.weight_data, layer.weight_scale = third.weight_data, third.weight_scale  # replaced
-    torch.testing.assert_close(layer(x), third(x), rtol=0, atol=0)
-    s, d = fl.unshuffle(layer.weight_fragment_codes, layer.weight_fragment_scales, 128, 256)
-    assert torch.equal(d, layer.weight_data)
-
-
-def test_prepacked_layer_pickles_and_moves(tmp_path):
-    import copy
-    layer = _layer().prepack()
-    path = tmp_path / "layer.pt"
-    torch.save(layer, path)
-    for other in (torch.load(path, weights_only=False), copy.deepcopy(layer),
-                  copy.deepcopy(layer).to("cpu")):
-        assert other.prepacked
-        assert torch.equal(other.weight_fragment_codes.cpu(), layer.weight_fragment_codes.cpu())
-        x = torch.randint(-4, 5, (3, 256)).to(torch.bfloat16).to(other.weight_data.device)
-        if not CUDA or HOPPER:
-            torch.testing.assert_close(other(x).cpu(), layer(x.to(DEVICE)).cpu(), rtol=0, atol=0)
-
-
-def test_layers_pickled_before_prepack_existed_load():
-    layer = _layer()
-    state = layer.__getstate__()
-    for name in ("_fragment_fold", "_fragment_source"):
-        state.pop(name)
-    for name in ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters"):
-        state["_buffers"].pop(name)
-        state["_non_persistent_buffers_set"].discard(name)
-    old = MXInferenceLinear.__new__(MXInferenceLinear)
-    old.__setstate__(state)
-    assert not old.prepacked and "prepacked" not in repr(old)
-    x = torch.randint(-4, 5, (2, 256)).to(torch.bfloat16).to(DEVICE)
-    torch.testing.assert_close(old(x), layer(x), rtol=0, atol=0)
-
-
-def test_prepack_under_inference_mode():
-    needs_kernel()
-    with torch.inference_mode():
-        layer = _layer().prepack()
-        x = torch.randint(-4, 5, (5, 256)).to(torch.bfloat16).to(DEVICE)
-        torch.testing.assert_close(layer(x), reference(x, layer.weight, layer.bias), rtol=0,
-                                   atol=0)
-
-
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(fmt="float8_e4m3"), "float4_e2m1"),
-    (dict(K=96), "multiples of 64"),
-    (dict(activations=MXConfig("float8_e4m3")), "activations_config"),
-])
-def test_prepack_refuses_layers_without_a_fragment_layout(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        _layer(**kwargs).prepack()
-
-
-def test_prepack_refuses_meta_weights():
-    with torch.device("meta"):
-        layer = MXInferenceLinear(128, 64, qconfig=QLinearConfig(
-            weights_config=MXConfig("float4_e2m1")))
-    with pytest.raises(ValueError, match="meta"):
-        layer.prepack()
-
-
-def test_prepack_weights_prepacks_the_layers_that_fit():
-    model = torch.nn.Sequential(_layer(), torch.nn.ReLU(), _layer(N=256, K=128),
-                                _layer(fmt="float8_e4m3"), _layer(K=96, N=64))
-    names = prepack_weights(model)
-    assert names == ["0", "2"]
-    assert [getattr(m, "prepacked", None) for m in model] == [True, None, True, False, False]
-
-
-def test_prepacked_layer_compiles():
-    needs_kernel()
-    layer = _layer().prepack()
-    x = torch.randint(-4, 5, (2, 3, 256)).to(torch.bfloat16).to(DEVICE)
-    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager" if not CUDA else "inductor")
-    torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------------------- GPU sizes

@@ -71,7 +71,7 @@ from .fragment_matmul import check_tile, split_steps, store_out, store_split, us
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
 
-__all__ = ["MmaConfig", "FAST_SCALES", "default_config", "eligible", "mma_linear"]
+__all__ = ["MmaConfig", "FAST_SCALES", "check_pieces", "default_config", "eligible", "mma_linear"]
 
 CHUNK = 64  # rows of W per wgmma A tile
 # Per codes a packed group (fmt.codes_per_group: 1, 2 fp4, 4 fp6): the codes and bytes of a
@@ -780,27 +780,28 @@ def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_siz
             and _aligned(x) and _aligned(w_data) and usable_on(x.device))
 
 
-def _check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
-                  device: torch.device) -> None:
-    """ValueError unless `pieces` is (codes, scales, counters) of piece_layout.pack for this
-    weight, with zero-able int32 counters a 64-row tile, all contiguous on `device`."""
+def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
+                 device: torch.device, op: str = "mma_linear") -> None:
+    """ValueError unless `pieces` is (codes, scales, counters): piece_layout.pack's codes and
+    scales of this weight [N, K] and int32 counters, one a 64-row tile, all contiguous 1-d
+    tensors on `device`."""
     if not piece_layout.fits(fmt, block_size, N, K):
-        raise ValueError(f"mma_linear: the piece layout needs blocks of {piece_layout.BLOCK}, got "
-                         f"{fmt.name} in blocks of {block_size}")
+        raise ValueError(f"{op}: the piece layout needs a weight of {piece_layout.describe()}, "
+                         f"got {fmt.name} [{N}, {K}] in blocks of {block_size}")
     if not isinstance(pieces, (tuple, list)) or len(pieces) != 3:
-        raise ValueError("mma_linear: pieces must be (codes, scales, counters)")
+        raise ValueError(f"{op}: pieces must be (codes, scales, counters), got {pieces!r}")
     expected = [(N * K * fmt.bytes_per_group // fmt.codes_per_group, torch.uint8, 16),
                 (N * K // piece_layout.BLOCK, torch.uint8, 1), (N // CHUNK, torch.int32, 4)]
     for name, t, (numel, dtype, alignment) in zip(("codes", "scales", "counters"), pieces,
                                                  expected):
         if (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != numel
                 or t.dtype != dtype or not t.is_contiguous() or t.device != device):
-            raise ValueError(f"mma_linear: the pieces' {name} must be a contiguous 1-d {dtype} "
-                             f"tensor of {numel} elements on {device} (piece_layout.pack), got "
+            raise ValueError(f"{op}: the pieces' {name} must be a contiguous 1-d {dtype} tensor "
+                             f"of {numel} elements on {device} (piece_layout.pack), got "
                              f"{_describe(t)}")
-        if t.data_ptr() % alignment:  # the kernel's vector loads
-            raise ValueError(f"mma_linear: the pieces' {name} must be {alignment}-byte aligned "
-                             "(a fresh tensor is)")
+        if t.device.type != "meta" and t.data_ptr() % alignment:  # the kernel's vector loads
+            raise ValueError(f"{op}: the pieces' {name} must be {alignment}-byte aligned (a "
+                             "fresh tensor is)")
 
 
 def _describe(t) -> str:
@@ -839,7 +840,7 @@ def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
         raise ValueError(f"mma_linear: config {cfg} does not fit N={N}, K={K} (tiles of "
                          f"{CHUNK} v rows and {step} >= {block_size} columns must divide W)")
     if pieces is not None:
-        _check_pieces(pieces, fmt, block_size, N, K, x.device)
+        check_pieces(pieces, fmt, block_size, N, K, x.device)
     steps = K // step
     split = min(cfg.split, steps)
     interpreter = _interpreting()

@@ -25,7 +25,7 @@ import torch
 
 from .. import dtypes
 
-__all__ = ["CHUNK", "FORMATS", "fits", "pack", "unpack", "unit"]
+__all__ = ["CHUNK", "FORMATS", "describe", "fits", "pack", "unpack", "unit"]
 
 CHUNK = 64  # rows of W per chunk
 BLOCK = 32
@@ -38,6 +38,13 @@ FORMATS = {dtypes.float8_e4m3: (64, 64), dtypes.float8_e5m2: (64, 64), dtypes.in
 def unit(fmt: dtypes.DType) -> Tuple[int, int]:
     """(codes, bytes) of a row in one unit of this format."""
     return FORMATS[fmt]
+
+
+def describe() -> str:
+    """What `fits` asks, in words (for error messages)."""
+    return (f"{', '.join(f.name for f in FORMATS)} in blocks of {BLOCK}, out_features a "
+            f"multiple of {CHUNK} and in_features of a unit's codes (64 one-byte, 128 fp6 or "
+            "fp4 codes)")
 
 
 def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int) -> bool:
@@ -62,10 +69,10 @@ def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
     K = data.shape[1] * fmt.codes_per_group // fmt.bytes_per_group if data.dim() == 2 else 0
     if (not fits(fmt, BLOCK, N, K) or tuple(scale.shape) != (N, K // BLOCK)
             or scale.dtype != torch.uint8):
-        raise ValueError(f"piece_layout.pack: needs {fmt.name} parts of a [N, K] weight in blocks "
-                         f"of {BLOCK} with N a multiple of {CHUNK} and K of "
-                         f"{FORMATS.get(fmt, (0,))[0]} (an mma_linear format), got data "
-                         f"{tuple(data.shape)} and scale {scale.dtype} {tuple(scale.shape)}")
+        raise ValueError(f"piece_layout.pack: needs the parts (data [N, packed K], scale "
+                         f"[N, K / {BLOCK}] uint8) of a weight of {describe()}, got {fmt.name} "
+                         f"data {tuple(data.shape)} and scale {scale.dtype} "
+                         f"{tuple(scale.shape)}")
     nb, kb, piece, blocks = _dims(fmt, N, K)
     codes = data.view(torch.uint8).reshape(nb, 4, 2, 8, kb, 4, piece)  # nb w a g | kb t | byte
     scales = scale.reshape(nb, 4, 2, 8, kb, blocks)                    # nb w a g | kb blk

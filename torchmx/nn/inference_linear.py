@@ -15,8 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import QLinearConfig
-from ..kernels import fragment_layout
+from .. import dtypes
+from ..kernels import fragment_layout, piece_layout
 from ..mx_ops.fragment_linear import mx_fp4_fragment_linear  # noqa: F401 - registers the op
+from ..mx_ops.piece_linear import mx_piece_linear  # noqa: F401 - registers the op
 from ..mx_tensor import MXTensor
 from ..numerics import arguments as args
 from ..numerics.packing import packed_length
@@ -25,6 +27,8 @@ from .mx_linear import check_linear, check_qconfig, describe_qconfig
 __all__ = ["MXInferenceLinear", "prepack_weights"]
 
 _EXTRA_STATE_VERSION = 1
+# prepack()'s copy of the weight (the fragment layout for MXFP4, the piece layout for the other
+# formats): its codes, its scales and the kernel's split-K counters.
 _FRAGMENT_BUFFERS = ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters")
 
 
@@ -57,11 +61,28 @@ class _PackedLinearFunction(torch.autograd.Function):
 def _packed_linear(x, weight_mx, bias, activations_config, fragment):
     if activations_config is not None:
         x = activations_config.to_mx(x, -1)
-    elif fragment is not None:  # weight-only: the op picks the fragment kernel or the usual path
-        return torch.ops.torchmx.mx_fp4_fragment_linear(
-            x, *fragment, weight_mx._scale_e8m0, weight_mx._data, weight_mx.shape[1], bias,
-            x.dtype)
+    elif fragment is not None:  # weight-only: the op picks its kernel or the usual path
+        codes, scales, counters, fold, elem_dtype_name = fragment
+        if elem_dtype_name == dtypes.float4_e2m1.name:
+            return torch.ops.torchmx.mx_fp4_fragment_linear(
+                x, codes, scales, counters, fold, weight_mx._scale_e8m0, weight_mx._data,
+                weight_mx.shape[1], bias, x.dtype)
+        return torch.ops.torchmx.mx_piece_linear(
+            x, codes, scales, counters, weight_mx._scale_e8m0, weight_mx._data, elem_dtype_name,
+            weight_mx.shape[1], bias, x.dtype)
     return F.linear(x, weight_mx, bias)
+
+
+def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int):
+    """The layout module whose copy prepack() makes for this layer (fragment_layout for MXFP4,
+    piece_layout for the other formats), or None where neither fits."""
+    fmt, block = qconfig.weights_config.elem_dtype, qconfig.weights_config.block_size
+    if qconfig.activations_config is not None:
+        return None
+    for layout in (fragment_layout, piece_layout):  # MXFP4: fragments, the faster
+        if layout.fits(fmt, block, out_features, in_features):
+            return layout
+    return None
 
 
 class MXInferenceLinear(nn.Module):
@@ -97,8 +118,7 @@ class MXInferenceLinear(nn.Module):
         self.register_load_state_dict_post_hook(_refresh_fragment)
 
     def _init_fragment(self) -> None:
-        """No fragment-layout copy (prepack() adds one; it is not saved: rebuilt from the
-        weight)."""
+        """No prepacked copy (prepack() adds one; it is not saved: rebuilt from the weight)."""
         for name in _FRAGMENT_BUFFERS:
             self.register_buffer(name, None, persistent=False)
         self._fragment_fold = True
@@ -170,39 +190,45 @@ class MXInferenceLinear(nn.Module):
                         shape=(self.out_features, self.in_features))
 
     def prepack(self) -> "MXInferenceLinear":
-        """Add a copy of the weight pre-shuffled for Hopper's tensor cores (the fragment layout
-        of torchmx/kernels/fragment_layout.py) and return self.
+        """Add a copy of the weight laid out for Hopper's tensor cores and return self.
 
-        Forward then multiplies bf16 inputs of 2 to 64 rows on an sm_90 GPU (H100 / H200) with
-        the fragment kernel, about twice as fast as the standard layout's kernel at 16 rows
-        (docs/matmul.md); other inputs take the usual path, with the same numerics (exact
-        products, fp32 sums, one rounding). Needs a weight-only config (no activations_config)
-        with MXFP4 weights in blocks of 32, in and out features multiples of 64. The copy costs
-        the weight's bytes again (plus 8.5 KiB of padding). It is not saved in the state dict and
-        follows .to(device). It is rebuilt when a state dict is loaded, and by an eager forward
-        after the weight buffers were written or replaced; under torch.compile that check is
-        not traced, so call prepack() again after changing the weight of a compiled model.
+        Forward then multiplies bf16 inputs of few rows on an sm_90 GPU (H100 / H200) with a
+        kernel that reads the copy: for MXFP4 the fragment layout
+        (torchmx/kernels/fragment_layout.py, 2 to 64 rows); for MXFP8, MXINT8 and MXFP6 the
+        piece layout (torchmx/kernels/piece_layout.py; 2 to 64 rows, fp6 1 to 32). Both are
+        faster than the standard layout's kernels (docs/matmul.md). Other inputs take the
+        usual path, with the same numerics (exact products, fp32 sums, one rounding). Needs a
+        weight-only config (no activations_config) with weights in blocks of 32, out_features
+        a multiple of 64 and in_features of 64 (fp4, one-byte formats) or 128 (fp6). The
+        copy costs the weight's bytes again. It is not saved in the state dict and follows
+        .to(device). It is rebuilt when a state dict is loaded, and by an eager forward after
+        the weight buffers were written or replaced; under torch.compile that check is not
+        traced, so call prepack() again after changing the weight of a compiled model.
         """
         cfg = self.qconfig.weights_config
         if self.qconfig.activations_config is not None:
-            raise ValueError(f"{self._describe()}.prepack(): the fragment kernel multiplies "
+            raise ValueError(f"{self._describe()}.prepack(): the prepacked kernels multiply "
                              "unquantized activations; this layer quantizes them "
                              "(activations_config is set)")
-        if not fragment_layout.fits(cfg.elem_dtype, cfg.block_size, self.out_features,
-                                    self.in_features):
+        layout = _prepack_layout(self.qconfig, self.out_features, self.in_features)
+        if layout is None:
             raise ValueError(
-                f"{self._describe()}.prepack(): the fragment layout needs float4_e2m1 weights "
-                f"in blocks of 32 with in and out features multiples of {fragment_layout.CHUNK}; "
-                f"this layer has {cfg.elem_dtype.name}, block size {cfg.block_size}")
+                f"{self._describe()}.prepack(): no prepacked layout for {cfg.elem_dtype.name} "
+                f"weights in blocks of {cfg.block_size}; it needs float4_e2m1 weights with in "
+                f"and out features multiples of {fragment_layout.CHUNK}, or weights of "
+                f"{piece_layout.describe()}")
         if self.weight_data.device.type == "meta":
             raise ValueError(f"{self._describe()}.prepack(): the weight is on the meta device; "
                              "load its values first")
-        codes, scales = fragment_layout.preshuffle(self.weight_scale, self.weight_data)
+        if layout is fragment_layout:
+            codes, scales = fragment_layout.preshuffle(self.weight_scale, self.weight_data)
+            self._fragment_fold = fragment_layout.fold_scales(self.weight_scale)
+        else:
+            codes, scales = piece_layout.pack(self.weight_scale, self.weight_data, cfg.elem_dtype)
+            self._fragment_fold = True  # unused: the piece kernel takes no fold
         self.weight_fragment_codes, self.weight_fragment_scales = codes, scales
         self.weight_fragment_counters = torch.zeros(
-            self.out_features // fragment_layout.CHUNK, dtype=torch.int32,
-            device=codes.device)
-        self._fragment_fold = fragment_layout.fold_scales(self.weight_scale)
+            self.out_features // layout.CHUNK, dtype=torch.int32, device=codes.device)
         self._fragment_source = self._weight_source()
         return self
 
@@ -215,7 +241,7 @@ class MXInferenceLinear(nn.Module):
 
     @property
     def prepacked(self) -> bool:
-        """Whether prepack() added the fragment-layout copy."""
+        """Whether prepack() added the prepacked copy."""
         return self.weight_fragment_codes is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,7 +257,8 @@ class MXInferenceLinear(nn.Module):
             if not torch.compiler.is_compiling() and self._fragment_source != self._weight_source():
                 self.prepack()  # the weight buffers were written or replaced since
             fragment = (self.weight_fragment_codes, self.weight_fragment_scales,
-                        self.weight_fragment_counters, self._fragment_fold)
+                        self.weight_fragment_counters, self._fragment_fold,
+                        self.qconfig.weights_config.elem_dtype_name)
         return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
                                            self.qconfig.activations_config, fragment)
 
@@ -286,17 +313,16 @@ class MXInferenceLinear(nn.Module):
 
 
 def prepack_weights(model: nn.Module) -> List[str]:
-    """MXInferenceLinear.prepack() on every layer of `model` that has a fragment layout (MXFP4
-    weights in blocks of 32, features multiples of 64, no activation quantization); returns
-    their names. The other layers are left as they are."""
+    """MXInferenceLinear.prepack() on every layer of `model` that has a prepacked layout
+    (weight-only, blocks of 32; MXFP4 with in and out features multiples of 64, the other
+    formats as piece_layout.fits); returns their names. The other layers are left as they
+    are."""
     names = []
     for name, module in model.named_modules():
-        if isinstance(module, MXInferenceLinear) and module.qconfig.activations_config is None:
-            cfg = module.qconfig.weights_config
-            if fragment_layout.fits(cfg.elem_dtype, cfg.block_size, module.out_features,
-                                    module.in_features):
-                module.prepack()
-                names.append(name)
+        if (isinstance(module, MXInferenceLinear)
+                and _prepack_layout(module.qconfig, module.out_features, module.in_features)):
+            module.prepack()
+            names.append(name)
     return names
 
 

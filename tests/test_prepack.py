@@ -1,0 +1,204 @@
+"""MXInferenceLinear.prepack() and torchmx.nn.prepack_weights: a second copy of the weight in
+the fragment layout (MXFP4) or the piece layout (MXFP8, MXINT8, MXFP6), what forward does
+with it, and how the copy follows the weight (load_state_dict, in-place writes, pickling,
+.to, inference mode, torch.compile).
+
+On CPU the prepacked kernels run under Triton's interpreter; on an H100 on the GPU. Operands are
+small integers, so every sum is exact and any kernel must give the plain layer's bits.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from torchmx import dtypes
+from torchmx.config import MXConfig, QLinearConfig
+from torchmx.kernels import fragment_layout as fl, piece_layout as pl
+from torchmx.mx_ops import weight_matmul
+from torchmx.nn import MXInferenceLinear, prepack_weights
+
+from matmul_operands import DEVICE, reference
+
+CUDA = torch.cuda.is_available()
+HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
+# fp4: the fragment layout; the others: the piece layout
+FORMATS = ["float4_e2m1", "float8_e4m3", "int8", "float6_e3m2"]
+
+
+@pytest.fixture(autouse=True)
+def kernels_on_cpu(monkeypatch):
+    """Without a GPU, let the ops dispatch CPU tensors to the kernels too (Triton's
+    interpreter); with one, CPU tensors keep the reference path."""
+    if not CUDA:
+        monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
+
+
+def needs_kernel():
+    if CUDA and not HOPPER:
+        pytest.skip("the prepacked kernels need sm_90 (or the CPU interpreter)")
+
+
+def _layer(N=128, K=256, bias=True, fmt="float4_e2m1", block_size=32, activations=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    linear = torch.nn.Linear(K, N, bias=bias).to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randint(-6, 7, (N, K), generator=g))
+        if bias:
+            linear.bias.copy_(torch.randint(-8, 9, (N,), generator=g))
+    qconfig = QLinearConfig(weights_config=MXConfig(fmt, block_size=block_size),
+                            activations_config=activations)
+    return MXInferenceLinear.from_float(linear, qconfig).to(DEVICE)
+
+
+def _unpacked(layer):
+    """(scale, data) rebuilt from the layer's prepacked copy."""
+    fmt = layer.qconfig.weights_config.elem_dtype
+    codes, scales = layer.weight_fragment_codes, layer.weight_fragment_scales
+    if fmt == dtypes.float4_e2m1:
+        return fl.unshuffle(codes, scales, layer.out_features, layer.in_features)
+    return pl.unpack(codes, scales, fmt, layer.out_features, layer.in_features)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [1, 2, 16, 64, 70])
+def test_prepacked_layer_equals_the_plain_one(fmt, rows):
+    needs_kernel()
+    layer = _layer(fmt=fmt)
+    x = torch.randint(-4, 5, (rows, 256)).to(torch.bfloat16).to(DEVICE)
+    expected = layer(x)
+    assert not layer.prepacked and "prepacked" not in repr(layer)
+    assert layer.prepack() is layer and layer.prepacked and repr(layer).endswith("prepacked)")
+    torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_copy_is_the_weight_in_its_layout(fmt):
+    layer = _layer(fmt=fmt).prepack()
+    s, d = _unpacked(layer)
+    assert torch.equal(s, layer.weight_scale) and torch.equal(d, layer.weight_data)
+    assert layer.weight_fragment_counters.shape == (2,) and not layer.weight_fragment_counters.any()
+    extra = layer.weight_fragment_codes.numel() - layer.weight_data.numel()
+    assert extra == (fl.PAD_CODE_BYTES if fmt == "float4_e2m1" else 0)
+
+
+@pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e5m2"])
+def test_prepacked_layer_trains_its_bias_and_input_straight_through(fmt):
+    needs_kernel()
+    plain, packed = _layer(fmt=fmt), _layer(fmt=fmt).prepack()
+    grads = []
+    for layer in (plain, packed):
+        x = torch.randint(-4, 5, (8, 256)).to(torch.bfloat16).to(DEVICE).requires_grad_()
+        layer(x).sum().backward()
+        grads.append((x.grad, layer.bias.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prepack_is_not_saved_and_is_rebuilt_on_load(fmt):
+    needs_kernel()
+    layer = _layer(fmt=fmt).prepack()
+    state = layer.state_dict()
+    assert not any("fragment" in k for k in state)
+    other = _layer(fmt=fmt, seed=1)
+    layer.load_state_dict(other.state_dict())
+    assert layer.prepacked
+    s, d = _unpacked(layer)
+    assert torch.equal(s, other.weight_scale) and torch.equal(d, other.weight_data)
+    x = torch.randint(-4, 5, (4, 256)).to(torch.bfloat16).to(DEVICE)
+    torch.testing.assert_close(layer(x), other(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", ["float4_e2m1", "int8"])
+def test_an_eager_forward_rebuilds_a_stale_copy(fmt):
+    needs_kernel()
+    layer, other = _layer(fmt=fmt, bias=False).prepack(), _layer(fmt=fmt, seed=1, bias=False)
+    x = torch.randint(-4, 5, (4, 256)).to(torch.bfloat16).to(DEVICE)
+    layer.weight_data.copy_(other.weight_data)  # written in place
+    layer.weight_scale.copy_(other.weight_scale)
+    torch.testing.assert_close(layer(x), other(x), rtol=0, atol=0)
+    third = _layer(fmt=fmt, seed=2, bias=False)
+    layer.weight_data, layer.weight_scale = third.weight_data, third.weight_scale  # replaced
+    torch.testing.assert_close(layer(x), third(x), rtol=0, atol=0)
+    assert torch.equal(_unpacked(layer)[1], layer.weight_data)
+
+
+@pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e4m3"])
+def test_prepacked_layer_pickles_and_moves(fmt, tmp_path):
+    layer = _layer(fmt=fmt).prepack()
+    path = tmp_path / "layer.pt"
+    torch.save(layer, path)
+    for other in (torch.load(path, weights_only=False), copy.deepcopy(layer),
+                  copy.deepcopy(layer).to("cpu")):
+        assert other.prepacked
+        assert torch.equal(other.weight_fragment_codes.cpu(), layer.weight_fragment_codes.cpu())
+        x = torch.randint(-4, 5, (3, 256)).to(torch.bfloat16).to(other.weight_data.device)
+        if not CUDA or HOPPER:
+            torch.testing.assert_close(other(x).cpu(), layer(x.to(DEVICE)).cpu(), rtol=0, atol=0)
+
+
+def test_layers_pickled_before_prepack_existed_load():
+    layer = _layer()
+    state = layer.__getstate__()
+    for name in ("_fragment_fold", "_fragment_source"):
+        state.pop(name)
+    for name in ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters"):
+        state["_buffers"].pop(name)
+        state["_non_persistent_buffers_set"].discard(name)
+    old = MXInferenceLinear.__new__(MXInferenceLinear)
+    old.__setstate__(state)
+    assert not old.prepacked and "prepacked" not in repr(old)
+    x = torch.randint(-4, 5, (2, 256)).to(torch.bfloat16).to(DEVICE)
+    torch.testing.assert_close(old(x), layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", ["float4_e2m1", "float6_e3m2"])
+def test_prepack_under_inference_mode(fmt):
+    needs_kernel()
+    with torch.inference_mode():
+        layer = _layer(fmt=fmt).prepack()
+        x = torch.randint(-4, 5, (5, 256)).to(torch.bfloat16).to(DEVICE)
+        torch.testing.assert_close(layer(x), reference(x, layer.weight, layer.bias), rtol=0,
+                                   atol=0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(fmt="float8_e4m3", block_size=64), "no prepacked layout for float8_e4m3 weights in "
+                                             "blocks of 64"),
+    (dict(K=96), "float4_e2m1 weights with in and out features multiples of 64"),
+    (dict(fmt="float6_e2m3", K=192), "in_features of a unit's codes"),
+    (dict(fmt="float8_e5m2", N=96), "out_features a multiple of 64"),
+    (dict(activations=MXConfig("float8_e4m3")), "activations_config"),
+])
+def test_prepack_refuses_layers_without_a_prepacked_layout(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _layer(**kwargs).prepack()
+
+
+def test_prepack_refuses_meta_weights():
+    with torch.device("meta"):
+        layer = MXInferenceLinear(128, 64, qconfig=QLinearConfig(
+            weights_config=MXConfig("float8_e4m3")))
+    with pytest.raises(ValueError, match="meta"):
+        layer.prepack()
+
+
+def test_prepack_weights_prepacks_the_layers_that_fit():
+    model = torch.nn.Sequential(_layer(), torch.nn.ReLU(), _layer(N=256, K=128),
+                                _layer(fmt="float8_e4m3"), _layer(K=96, N=64),
+                                _layer(fmt="int8", block_size=64),
+                                _layer(fmt="float6_e2m3", activations=MXConfig("float8_e4m3")))
+    names = prepack_weights(model)
+    assert names == ["0", "2", "3"]
+    assert ([getattr(m, "prepacked", None) for m in model]
+            == [True, None, True, True, False, False, False])
+
+
+@pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e4m3"])
+def test_prepacked_layer_compiles(fmt):
+    needs_kernel()
+    layer = _layer(fmt=fmt).prepack()
+    x = torch.randint(-4, 5, (2, 3, 256)).to(torch.bfloat16).to(DEVICE)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager" if not CUDA else "inductor")
+    torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
