@@ -12,9 +12,11 @@ rounded once). Times are medians over CUDA-graph replays of R calls on R differe
 copies, so the weights come from device memory, not from L2 (an fp4 8192 x 8192 weight is
 34 MB; the L2 holds 50-60 MB).
 
-Columns: "ours" (torchmx: the fused kernel for M <= SMALL_M, dequantize + cuBLAS above; the row
-"float4_e2m1 prepacked" is MXInferenceLinear.prepack()'s op, torchmx.mx_fp4_fragment_linear,
-which runs the fragment-layout kernel for 2..64 rows on sm_90),
+Columns: "ours" (torchmx: the fused kernel for M <= SMALL_M, dequantize + cuBLAS above; the rows
+"<format> prepacked" are MXInferenceLinear.prepack()'s ops, where they run their own kernels:
+torchmx.mx_fp4_fragment_linear, the fragment-layout kernel for 2..64 rows of MXFP4, and
+torchmx.mx_piece_linear, mma_linear on the piece layout for 2..64 rows of MXFP8 and MXINT8 and
+1..32 of MXFP6, on sm_90),
 "cuBLAS bf16" (F.linear on the unquantized bf16 weight), "compiled deq+mm" (torch.compile of
 the reference dequantize followed by the matmul), "old path" (torchmx 0.2's first version:
 exact fp32 dequantize, fp32 matmul), "read-only" (a Triton kernel that only reads the same
@@ -41,12 +43,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
 from torchmx.kernels import byte_gemv, fragment_layout, fragment_matmul as fm, mma_linear  # noqa: E402
-from torchmx.kernels import matmul as km  # noqa: E402
+from torchmx.kernels import matmul as km, piece_layout  # noqa: E402
+from torchmx.mx_ops import fragment_linear as fragment_op, piece_linear as piece_op  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
 
 FORMATS = [dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float6_e2m3,
            dtypes.float6_e3m2, dtypes.int8]
+PIECE_FORMATS = [f for f in FORMATS if f != dtypes.float4_e2m1]  # prepacked: the piece layout
 ROTATE = 8  # weight copies per graph: 8 x 34 MB (fp4) is far beyond the L2
 
 
@@ -107,18 +111,48 @@ def check_all(device_name):
             assert torch.equal(prepacked_linear(x, w, parts, b), out)
     print(f"check: prepacked fp4 (fragment kernel) matches the exact product, fold and two-"
           f"multiply scales, repeat calls bit-identical ({device_name})")
+    for fmt in PIECE_FORMATS:
+        for M, N, K in [(1, 256, 512), (2, 64, 256), (16, 192, 640), (33, 128, 4096),
+                        (64, 8192, 1024), (16, 8192, 8192)]:
+            w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+            parts = prepacked_parts(w)
+            out = prepacked_linear(x, w, parts, b)
+            check(out, x, w, b, f"prepacked {fmt.name} {M}x{N}x{K}")
+            for _ in range(3):  # the in-kernel split-K sum is deterministic
+                assert torch.equal(prepacked_linear(x, w, parts, b), out)
+            # the same tile and split as the standard layout's kernel: the same bits
+            assert torch.equal(F.linear(x, w, b), out), f"prepacked {fmt.name} {M}x{N}x{K}"
+    print(f"check: prepacked fp8, MXINT8 and fp6 (piece layout) match the exact product and the "
+          f"standard layout's kernel bit for bit, repeat calls bit-identical ({device_name})")
 
 
 def prepacked_parts(w):
-    """The fragment layout's parts of an MXFP4 weight, as MXInferenceLinear.prepack() makes."""
-    codes, scales = fragment_layout.preshuffle(w._scale_e8m0, w._data)
+    """The parts MXInferenceLinear.prepack() makes of an MX weight: the fragment layout's for
+    MXFP4 (with its fold flag), the piece layout's for the other formats; split-K counters."""
     counters = torch.zeros(w.shape[0] // 64, dtype=torch.int32, device=w.device)
-    return codes, scales, counters, fragment_layout.fold_scales(w._scale_e8m0)
+    if w.elem_dtype == dtypes.float4_e2m1:
+        codes, scales = fragment_layout.preshuffle(w._scale_e8m0, w._data)
+        return codes, scales, counters, fragment_layout.fold_scales(w._scale_e8m0)
+    return (*piece_layout.pack(w._scale_e8m0, w._data, w.elem_dtype), counters)
 
 
 def prepacked_linear(x, w, parts, bias=None):
-    return torch.ops.torchmx.mx_fp4_fragment_linear(x, *parts, w._scale_e8m0, w._data,
-                                                    w.shape[1], bias, x.dtype)
+    """MXInferenceLinear's forward on a prepacked weight: the op that reads the parts."""
+    if w.elem_dtype == dtypes.float4_e2m1:
+        return torch.ops.torchmx.mx_fp4_fragment_linear(x, *parts, w._scale_e8m0, w._data,
+                                                        w.shape[1], bias, x.dtype)
+    return torch.ops.torchmx.mx_piece_linear(x, *parts, w._scale_e8m0, w._data,
+                                             w.elem_dtype.name, w.shape[1], bias, x.dtype)
+
+
+def prepacked_kernel_runs(fmt, M):
+    """Whether the prepacked op runs its own kernel for M rows (else it takes the usual path,
+    the "ours" row)."""
+    if fmt == dtypes.float4_e2m1:
+        return M in fragment_op.FRAGMENT_ROWS
+    return M in piece_op.PIECE_ROWS[fmt.codes_per_group]
 
 
 def configs_to_sweep(M):
@@ -316,7 +350,7 @@ def table(N, K, Ms, fmts):
             old = graph_time_us([lambda w=w: old_path(x, w) for w in ws[:2]], repeats=5) \
                 if M <= 16 else None
             rows = [(fmt.name, ours)]
-            if fmt == dtypes.float4_e2m1 and M <= 64:
+            if fmt in PIECE_FORMATS + [dtypes.float4_e2m1] and prepacked_kernel_runs(fmt, M):
                 parts = [prepacked_parts(w) for w in ws]
                 rows.append((f"{fmt.name} prepacked", graph_time_us(
                     [lambda w=w, p=p: prepacked_linear(x, w, p) for w, p in zip(ws, parts)])))

@@ -106,9 +106,10 @@ def mma_per_code(fmt):
     low, high = mma_linear.FAST_SCALES[fmt]
     constants = dict(BLOCK=32, BLOCK_M=16, V=cfg.v, U=cfg.u, SPLIT=2, AHEAD=cfg.ahead,
                      HAS_BIAS=False, E5M2=fmt == dtypes.float8_e5m2, S_MIN=low, S_MAX=high,
-                     INTERPRETER=False, stride_sk=1, **km._format_constants(fmt),
+                     INTERPRETER=False, stride_sk=1, PIECES=False, **km._format_constants(fmt),
                      **mma_linear._unit_constants(fmt))
-    pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": "*bf16",
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "pieces_ptr": "*u8",
+                "piece_scales_ptr": "*u8", "counters_ptr": "*i32", "bias_ptr": "*bf16",
                 "out_ptr": "*bf16", "partials_ptr": "*fp32"}
     kernel = compile_kernel(mma_linear.mma_linear_kernel, constants, pointers,
                             tuple(pointers) + ("M", "K", "N", "stride_xm", "stride_wn",
