@@ -114,7 +114,7 @@ def check_all(device_name):
     for fmt in PIECE_FORMATS:
         for M, N, K in [(1, 256, 512), (2, 64, 256), (16, 192, 640), (33, 128, 4096),
                         (64, 8192, 1024), (16, 8192, 8192)]:
-            w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)
+            w = MXTensor.to_mx(torch.randn(N, K, device="cuda", dtype=torch.bfloat16), fmt, 32)
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
             parts = prepacked_parts(w)
