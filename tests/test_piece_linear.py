@@ -221,7 +221,7 @@ def test_op_fp16_fp32_and_strided_inputs_take_the_standard_path_exactly():
     torch.testing.assert_close(_op(x, w, p, bias), reference(x, w, bias), rtol=0, atol=0)
     for dtype in (torch.float16, torch.float32):
         xd = x.to(dtype)
-        assert not pop.uses_piece_kernel(xd, w._data, w.elem_dtype)
+        assert not pop.uses_piece_kernel(xd, w._scale_e8m0, w._data, w.elem_dtype)
         out = _op(xd, w, p, bias.to(dtype))
         assert out.dtype == dtype
         torch.testing.assert_close(out, reference(xd, w, bias.to(dtype)), rtol=0, atol=0)
@@ -235,11 +235,23 @@ def test_op_dispatch_by_rows_format_and_dtype():
     for fmt, rows in [("float8_e4m3", range(2, 65)), ("int8", range(2, 65)),
                       ("float6_e3m2", range(1, 33)), ("float4_e2m1", range(2, 65))]:
         _, w = integer_operands(fmt, 1, 64, 256)
+        parts = (w._scale_e8m0, w._data, w.elem_dtype)
         for M in (1, 2, 32, 33, 64, 65):
             x = torch.zeros(M, 256, dtype=torch.bfloat16, device=DEVICE)
             expected = on_kernel_device and M in rows
-            assert pop.uses_piece_kernel(x, w._data, w.elem_dtype) == expected, (fmt, M)
-            assert pop.uses_piece_kernel(x.view(1, M, 256), w._data, w.elem_dtype) == expected
+            assert pop.uses_piece_kernel(x, *parts) == expected, (fmt, M)
+            assert pop.uses_piece_kernel(x.view(1, M, 256), *parts) == expected
+
+
+def test_weights_past_32_bit_offsets_take_the_standard_path(monkeypatch):
+    """The kernel indexes in 32 bits: a weight of 2 GiB or more (faked here) is not given to
+    it, and the op still gives the product."""
+    from torchmx.kernels import matmul as km
+    x, w = integer_operands("float8_e4m3", 4, 64, 128)
+    assert pop.uses_piece_kernel(x, w._scale_e8m0, w._data, w.elem_dtype) == (not CUDA or HOPPER)
+    monkeypatch.setattr(km, "_int32_offsets", lambda *args: False)
+    assert not pop.uses_piece_kernel(x, w._scale_e8m0, w._data, w.elem_dtype)
+    torch.testing.assert_close(_op(x, w, pieces(w)), reference(x, w), rtol=0, atol=0)
 
 
 def test_op_checks_its_parts():

@@ -21,7 +21,9 @@ two (fp4). Logical column L of a unit is physical column P:
 
 x is loaded in the same order, and nothing of W passes through shared memory. Every piece lies
 in one block (blocks are multiples of its 16 or 32 codes): one scale per piece, so no weight
-layout and no prepack step is needed.
+layout and no prepack step is needed. Given a copy of W in the piece layout (`pieces`,
+piece_layout.py: the same pieces, stored so that each warp load is contiguous), the kernel
+reads that instead and adds the split-K partials itself (`fragment_matmul.store_split`).
 
 Decode, about 2 to 3 instructions per code, and one bf16x2 multiply per two codes by the
 piece's multiplier 2**(s + c) (s the scale byte, c the format's constant) that makes each

@@ -28,22 +28,24 @@ from . import weight_matmul
 
 __all__ = ["mx_piece_linear", "PIECE_ROWS", "uses_piece_kernel"]
 
-# Activation rows for which the piece kernel runs, by codes a packed group (H100, N = K = 8192,
-# benchmarks/bench_gpu_matmul.py): one-byte codes (and fp4) 2..64, where one row is faster in
-# byte_gemv (fp4: its one-row kernel) on the standard layout; fp6 1..32, where at 64 rows
-# the standard layout's kernel was the faster.
+# Activation rows for which the piece kernel runs, by codes a packed group (interleaved H100
+# timings at N = K = 8192, fifteenth session; docs/performance.md): one-byte codes (and fp4)
+# 2..64, where one row is faster in byte_gemv (fp4: its one-row kernel) on the standard layout;
+# fp6 1..32, where at 64 rows the standard layout's kernel was the faster.
 PIECE_ROWS = {1: range(2, 65), 2: range(2, 65), 4: range(1, 33)}
 
 
-def uses_piece_kernel(input: Tensor, weight_data: Tensor, fmt: dtypes.DType) -> bool:
+def uses_piece_kernel(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
+                      fmt: dtypes.DType) -> bool:
     """Whether mx_piece_linear runs the piece kernel for this input and weight."""
-    return _piece_rows(input, weight_data, fmt) is not None
+    return _piece_rows(input, weight_scale, weight_data, fmt) is not None
 
 
-def _piece_rows(input: Tensor, weight_data: Tensor, fmt: dtypes.DType) -> Optional[Tensor]:
+def _piece_rows(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
+                fmt: dtypes.DType) -> Optional[Tensor]:
     """input as the contiguous [rows, K] matrix the piece kernel takes, or None where it does
     not run."""
-    from ..kernels import mma_linear
+    from ..kernels import matmul, mma_linear
     if not input.dim() or not input.shape[-1] or fmt.codes_per_group not in PIECE_ROWS:
         return None
     rows = input.numel() // input.shape[-1]
@@ -52,7 +54,9 @@ def _piece_rows(input: Tensor, weight_data: Tensor, fmt: dtypes.DType) -> Option
         return None
     # at most 64 rows: a cheap copy keeps the kernel's offsets small and unit-stride
     x = input.reshape(rows, input.shape[-1]).contiguous()
-    return x if mma_linear.eligible(x, weight_data, fmt, 32) else None
+    # the kernel indexes in 32 bits (the pieces span as many bytes as weight_data)
+    return (x if mma_linear.eligible(x, weight_data, fmt, 32)
+            and matmul._int32_offsets(x, weight_data, weight_scale, rows) else None)
 
 
 @torch.library.custom_op("torchmx::mx_piece_linear", mutates_args=())
@@ -69,7 +73,7 @@ def mx_piece_linear(input: Tensor, piece_codes: Tensor, piece_scales: Tensor,
     pieces = (piece_codes, piece_scales, piece_counters)
     mma_linear.check_pieces(pieces, fmt, 32, N, in_features, weight_scale.device,
                             op="mx_piece_linear")
-    x = _piece_rows(input, weight_data, fmt)
+    x = _piece_rows(input, weight_scale, weight_data, fmt)
     if x is None:
         return torch.ops.torchmx.mx_weight_linear(input, weight_scale, weight_data,
                                                   elem_dtype_name, 32, in_features, bias,
