@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
-from torchmx.kernels import mma_linear, matmul as km
+from torchmx.kernels import mma_linear, matmul as km, piece_layout
 from torchmx.mx_ops import weight_matmul
 from torchmx.numerics.packing import pack_codes
 
@@ -72,14 +72,22 @@ def test_block_sizes_and_fp32_output(fmt, block_size):
     torch.testing.assert_close(out, x.float() @ w.dequantize(torch.float32).t(), rtol=0, atol=0)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(fmt=st.sampled_from(FORMATS), M=st.integers(2, 64), tiles_n=st.integers(1, 3),
        steps=st.integers(1, 5), v=st.sampled_from([1, 2]), u=st.sampled_from([1, 2]),
-       split=st.integers(1, 4), ahead=st.sampled_from([1, 2]), seed=st.integers(0, 99))
-def test_any_tile_is_exact(fmt, M, tiles_n, steps, v, u, split, ahead, seed):
+       split=st.integers(1, 4), ahead=st.sampled_from([1, 2]), seed=st.integers(0, 99),
+       pieces=st.booleans())
+def test_any_tile_is_exact(fmt, M, tiles_n, steps, v, u, split, ahead, seed, pieces):
+    """On the standard layout, or on the piece layout (piece_layout.py) with the split-K sum
+    in the kernel."""
     N, K = 64 * v * tiles_n, u * steps * _unit(fmt)
     x, w = integer_operands(fmt, M, N, K, seed=seed)
-    out = _mma(x, w, None, MmaConfig(v, u, split, ahead))
+    parts = None
+    if pieces:
+        parts = (*piece_layout.pack(w._scale_e8m0, w._data, w.elem_dtype),
+                 torch.zeros(N // 64, dtype=torch.int32, device=DEVICE))
+    out = mma_linear.mma_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None,
+                                x.dtype, MmaConfig(v, u, split, ahead), parts)
     torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
 
 

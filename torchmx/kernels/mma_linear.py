@@ -66,7 +66,7 @@ import triton
 import triton.language as tl
 
 from .. import dtypes
-from . import piece_layout
+from ..numerics import arguments as args
 from ._tl_numerics import decode_value, scale_value
 from .byte_gemv import _aligned
 from .fragment_matmul import check_tile, split_steps, store_out, store_split, usable_on
@@ -787,6 +787,7 @@ def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
     """ValueError unless `pieces` is (codes, scales, counters): piece_layout.pack's codes and
     scales of this weight [N, K] and int32 counters, one a 64-row tile, all contiguous 1-d
     tensors on `device`."""
+    from . import piece_layout  # it imports this module
     if not piece_layout.fits(fmt, block_size, N, K):
         raise ValueError(f"{op}: the piece layout needs a weight of {piece_layout.describe()}, "
                          f"got {fmt.name} [{N}, {K}] in blocks of {block_size}")
@@ -796,20 +797,8 @@ def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
                 (N * K // piece_layout.BLOCK, torch.uint8, 1), (N // CHUNK, torch.int32, 4)]
     for name, t, (numel, dtype, alignment) in zip(("codes", "scales", "counters"), pieces,
                                                  expected):
-        if (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != numel
-                or t.dtype != dtype or not t.is_contiguous() or t.device != device):
-            raise ValueError(f"{op}: the pieces' {name} must be a contiguous 1-d {dtype} tensor "
-                             f"of {numel} elements on {device} (piece_layout.pack), got "
-                             f"{_describe(t)}")
-        if t.device.type != "meta" and t.data_ptr() % alignment:  # the kernel's vector loads
-            raise ValueError(f"{op}: the pieces' {name} must be {alignment}-byte aligned (a "
-                             "fresh tensor is)")
-
-
-def _describe(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    return f"{t.dtype} of shape {tuple(t.shape)} on {t.device}"
+        args.check_flat_part(t, f"{op}: the pieces' {name}", numel, dtype, device, alignment,
+                             "piece_layout.pack")
 
 
 def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,

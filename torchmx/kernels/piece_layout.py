@@ -24,20 +24,17 @@ from typing import Tuple
 import torch
 
 from .. import dtypes
+from .mma_linear import CHUNK, FAST_SCALES, UNITS
 
 __all__ = ["CHUNK", "FORMATS", "describe", "fits", "pack", "unpack", "unit"]
 
-CHUNK = 64  # rows of W per chunk
 BLOCK = 32
-# The codes and bytes of a row in a unit, per format (mma_linear.UNITS).
-FORMATS = {dtypes.float8_e4m3: (64, 64), dtypes.float8_e5m2: (64, 64), dtypes.int8: (64, 64),
-           dtypes.float6_e2m3: (128, 96), dtypes.float6_e3m2: (128, 96),
-           dtypes.float4_e2m1: (128, 64)}
+FORMATS = tuple(FAST_SCALES)  # mma_linear's formats
 
 
 def unit(fmt: dtypes.DType) -> Tuple[int, int]:
-    """(codes, bytes) of a row in one unit of this format."""
-    return FORMATS[fmt]
+    """(codes, bytes) of a row in one unit of this format (mma_linear.UNITS)."""
+    return UNITS[fmt.codes_per_group]
 
 
 def describe() -> str:
@@ -52,12 +49,12 @@ def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int
     mma_linear format in blocks of 32, out_features a non-zero multiple of 64 and in_features
     of a unit's codes (64 one-byte, 128 fp4 or fp6 codes)."""
     return (fmt in FORMATS and block_size == BLOCK and out_features > 0 and in_features > 0
-            and out_features % CHUNK == 0 and in_features % FORMATS[fmt][0] == 0)
+            and out_features % CHUNK == 0 and in_features % unit(fmt)[0] == 0)
 
 
 def _dims(fmt: dtypes.DType, N: int, K: int) -> Tuple[int, int, int, int]:
     """(N / 64, K / unit, piece bytes, blocks a unit)."""
-    codes, nbytes = FORMATS[fmt]
+    codes, nbytes = unit(fmt)
     return N // CHUNK, K // codes, nbytes // 4, codes // BLOCK
 
 
@@ -68,11 +65,11 @@ def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
     N = data.shape[0] if data.dim() == 2 else 0
     K = data.shape[1] * fmt.codes_per_group // fmt.bytes_per_group if data.dim() == 2 else 0
     if (not fits(fmt, BLOCK, N, K) or tuple(scale.shape) != (N, K // BLOCK)
-            or scale.dtype != torch.uint8):
-        raise ValueError(f"piece_layout.pack: needs the parts (data [N, packed K], scale "
-                         f"[N, K / {BLOCK}] uint8) of a weight of {describe()}, got {fmt.name} "
-                         f"data {tuple(data.shape)} and scale {scale.dtype} "
-                         f"{tuple(scale.shape)}")
+            or scale.dtype != torch.uint8 or data.dtype not in (torch.uint8, torch.int8)):
+        raise ValueError(f"piece_layout.pack: needs the parts (data [N, packed K] uint8 or int8, "
+                         f"scale [N, K / {BLOCK}] uint8) of a weight of {describe()}, got "
+                         f"{fmt.name} data {data.dtype} {tuple(data.shape)} and scale "
+                         f"{scale.dtype} {tuple(scale.shape)}")
     nb, kb, piece, blocks = _dims(fmt, N, K)
     codes = data.view(torch.uint8).reshape(nb, 4, 2, 8, kb, 4, piece)  # nb w a g | kb t | byte
     scales = scale.reshape(nb, 4, 2, 8, kb, blocks)                    # nb w a g | kb blk

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .. import dtypes
+from ..numerics import arguments as args
 from . import weight_matmul
 
 __all__ = ["mx_fp4_fragment_linear", "FRAGMENT_ROWS", "uses_fragment_kernel"]
@@ -51,22 +52,12 @@ def _check_fragment(fragment_codes, fragment_scales, fragment_counters, weight_s
         raise ValueError(f"mx_fp4_fragment_linear: the fragment layout needs an MXFP4 weight "
                          f"with out and in features multiples of {fl.CHUNK}, got weight scale "
                          f"{tuple(weight_scale.shape)} and in_features={in_features}")
-    expected = [(fragment_codes, N * in_features // 2 + fl.PAD_CODE_BYTES, torch.uint8),
-                (fragment_scales, N * in_features // 32 + fl.PAD_SCALE_BYTES, torch.uint8),
-                (fragment_counters, N // fl.CHUNK, torch.int32)]
-    for name, (t, numel, dtype), alignment in zip(("codes", "scales", "counters"), expected,
-                                                 (16, 4, 4)):
-        if t.dim() != 1 or t.numel() != numel or t.dtype != dtype or not t.is_contiguous():
-            raise ValueError(f"mx_fp4_fragment_linear: fragment_{name} must be a contiguous "
-                             f"1-d {dtype} tensor of {numel} elements (from "
-                             f"fragment_layout.preshuffle), got {t.dtype} of shape "
-                             f"{tuple(t.shape)}")
-        if t.device != weight_scale.device:
-            raise ValueError(f"mx_fp4_fragment_linear: fragment_{name} is on {t.device}, the "
-                             f"weight on {weight_scale.device}")
-        if t.device.type != "meta" and t.data_ptr() % alignment:  # the kernel's vector loads
-            raise ValueError(f"mx_fp4_fragment_linear: fragment_{name} must be "
-                             f"{alignment}-byte aligned (a fresh tensor is)")
+    expected = [(fragment_codes, N * in_features // 2 + fl.PAD_CODE_BYTES, torch.uint8, 16),
+                (fragment_scales, N * in_features // 32 + fl.PAD_SCALE_BYTES, torch.uint8, 4),
+                (fragment_counters, N // fl.CHUNK, torch.int32, 4)]
+    for name, (t, numel, dtype, alignment) in zip(("codes", "scales", "counters"), expected):
+        args.check_flat_part(t, f"mx_fp4_fragment_linear: fragment_{name}", numel, dtype,
+                             weight_scale.device, alignment, "fragment_layout.preshuffle")
 
 
 @torch.library.custom_op("torchmx::mx_fp4_fragment_linear", mutates_args=())

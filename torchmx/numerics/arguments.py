@@ -31,6 +31,21 @@ def check_tensor(value, arg: str) -> torch.Tensor:
     return value
 
 
+def check_flat_part(t, arg: str, numel: int, dtype: torch.dtype, device: torch.device,
+                    alignment: int, made_by: str) -> None:
+    """ValueError unless `t` is a contiguous 1-d `dtype` tensor of `numel` elements on `device`
+    whose data is `alignment`-byte aligned: a part of a prepacked weight (`arg` names it, with
+    its op) that `made_by` builds."""
+    if (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != numel
+            or t.dtype != dtype or not t.is_contiguous() or t.device != device):
+        got = (f"{t.dtype} of shape {tuple(t.shape)} on {t.device}"
+               if isinstance(t, torch.Tensor) else type(t).__name__)
+        raise ValueError(f"{arg} must be a contiguous 1-d {dtype} tensor of {numel} elements on "
+                         f"{device} (from {made_by}), got {got}")
+    if t.device.type != "meta" and t.data_ptr() % alignment:  # the kernels' vector loads
+        raise ValueError(f"{arg} must be {alignment}-byte aligned (a fresh tensor is)")
+
+
 def check_high_precision_input(data_hp, arg: str = "data_hp") -> torch.Tensor:
     check_tensor(data_hp, arg)
     if data_hp.dtype not in HIGH_PRECISION_DTYPES:
