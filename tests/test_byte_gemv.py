@@ -16,6 +16,7 @@ from torchmx import MXTensor
 from torchmx.kernels import byte_gemv, matmul as km
 from torchmx.mx_ops import weight_matmul
 
+from covering import all_pairs
 from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
                              assert_within_fp32_accumulation, integer_operands, reference)
 
@@ -33,10 +34,9 @@ def _gemv(x, w, bias=None, config=None, out_dtype=None):
                                out_dtype or x.dtype, config)
 
 
-@pytest.mark.parametrize("fmt", BYTE_FORMATS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("config", CONFIGS, ids=str)
-@pytest.mark.parametrize("N,K", [(16, 256), (13, 96), (5, 304), (1, 32)])
+@pytest.mark.parametrize("fmt,dtype,config,N,K", all_pairs(
+    BYTE_FORMATS, [torch.bfloat16, torch.float16], CONFIGS,
+    [(16, 256), (13, 96), (5, 304), (1, 32)]), ids=str)
 def test_exact_on_exact_sums(fmt, dtype, config, N, K):
     """Whole and partial row tiles (N % block_n), whole and partial steps (K % 16 pieces)."""
     x, w = integer_operands(fmt, 1, N, K, dtype)

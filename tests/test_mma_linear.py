@@ -19,6 +19,7 @@ from torchmx.kernels import mma_linear, matmul as km, piece_layout
 from torchmx.mx_ops import weight_matmul
 from torchmx.numerics.packing import pack_codes
 
+from covering import all_pairs
 from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
                              assert_within_fp32_accumulation, integer_operands, reference)
 
@@ -45,9 +46,8 @@ def _unit(fmt):
     return mma_linear.UNITS[dtypes.from_name(fmt).codes_per_group][0]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("config", CONFIGS, ids=str)
-@pytest.mark.parametrize("M,N,units", [(16, 128, 4), (2, 128, 8), (33, 256, 4), (64, 128, 12)])
+@pytest.mark.parametrize("fmt,config,M,N,units", all_pairs(
+    FORMATS, CONFIGS, [(16, 128, 4), (2, 128, 8), (33, 256, 4), (64, 128, 12)]), ids=str)
 def test_exact_on_exact_sums(fmt, config, M, N, units):
     """Whole and partial activation tiles (M of 16, 32, 64 rows), K in 1-12 steps, split or
     not, odd and even step counts (the unrolled one-ahead loop's extra step)."""

@@ -20,6 +20,7 @@ from torchmx.mx_tensor import MXLayoutWarning, reset_layout_warning
 from torchmx.kernels import matmul as km
 from torchmx.mx_ops import weight_matmul
 
+from covering import all_pairs
 from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
                              assert_within_fp32_accumulation, integer_operands, reference)
 
@@ -66,9 +67,8 @@ def _fused(x, w, bias, config):
                            x.dtype, config=config)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("variant,dtype", VARIANT_DTYPES)
-@pytest.mark.parametrize("M,N,K", [(1, 20, 96), (3, 17, 200), (18, 40, 70), (2, 32, 256)])
+@pytest.mark.parametrize("fmt,variant,dtype,M,N,K", all_pairs(
+    FORMATS, VARIANT_DTYPES, [(1, 20, 96), (3, 17, 200), (18, 40, 70), (2, 32, 256)]), ids=str)
 def test_fused_kernel_is_exact_on_exact_sums(fmt, variant, dtype, M, N, K):
     x, w = integer_operands(fmt, M, N, K, dtype)
     bias = torch.randint(-8, 9, (N,)).to(dtype).to(DEVICE)

@@ -1,0 +1,43 @@
+"""The covering grids of the kernel tests (covering.py): the whole product on a GPU, under the
+interpreter a subset that still holds every pair of values of two axes."""
+
+import itertools
+
+import pytest
+
+from covering import all_pairs
+
+AXES = [(["a", "b", "c", "d", "e", "f"], [1, 2, 3, 4], [(16, 128), (2, 8), (33, 4), (64, 12)]),
+        (["x", "y", "z"], [True, False], [1, 2, 3, 4], [(5, 6), (7, 8), (9, 10), (11, 12)]),
+        ([1, 2], [3])]
+
+
+def _flat(combo):
+    return tuple(itertools.chain.from_iterable(v if isinstance(v, tuple) else (v,)
+                                               for v in combo))
+
+
+@pytest.mark.parametrize("axes", AXES)
+@pytest.mark.parametrize("interpret,full", [("0", None), ("1", "1")])
+def test_the_whole_product_on_a_gpu_or_when_asked(axes, interpret, full, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    if full is None:
+        monkeypatch.delenv("TORCHMX_TEST_FULL", raising=False)
+    else:
+        monkeypatch.setenv("TORCHMX_TEST_FULL", full)
+    assert all_pairs(*axes) == [_flat(c) for c in itertools.product(*axes)]
+
+
+@pytest.mark.parametrize("axes", AXES)
+def test_every_pair_under_the_interpreter(axes, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("TORCHMX_TEST_FULL", raising=False)
+    cases = all_pairs(*axes)
+    product = [_flat(c) for c in itertools.product(*axes)]
+    assert cases == [c for c in product if c in cases]  # a subset, in product order, no repeats
+    assert cases == all_pairs(*axes)  # the same every time
+    combos = [c for c in itertools.product(*axes) if _flat(c) in cases]
+    for a, b in itertools.combinations(range(len(axes)), 2):
+        assert {(c[a], c[b]) for c in combos} == set(itertools.product(axes[a], axes[b]))
+    if len(axes) > 2:
+        assert len(cases) < len(product)
