@@ -20,9 +20,9 @@ def _covering_subset() -> bool:
 def all_pairs(*axes):
     """The cases of a parametrize over the product of `axes` (each a list of values, or of
     tuples for axes that go together): all of them on a GPU (or with TORCHMX_TEST_FULL=1);
-    under the interpreter, a subset
-    covering every pair of values of two axes, chosen greedily (the case that covers the most
-    pairs not yet covered, the first such in product order), so the same cases every run."""
+    under the interpreter, a subset covering every pair of values of two axes, chosen greedily
+    (the case that covers the most pairs not yet covered, the first such in product order), so
+    the same cases every run."""
     cases = [tuple(itertools.chain.from_iterable(
         value if isinstance(value, tuple) else (value,) for value in combo))
         for combo in itertools.product(*axes)]
