@@ -170,7 +170,8 @@ def test_bad_pieces_name_the_problem():
                        ((codes, scales.view(2, -1), counters), "scales must be a contiguous 1-d"),
                        ((codes, scales, counters.long()), "counters must be .* torch.int32"),
                        ((codes, scales, counters[:1]), "counters must be .* 2 elements"),
-                       ((codes, scales), "must be \\(codes, scales, counters\\)")]:
+                       ((codes, scales), "counters\\), got a tuple of 2$"),
+                       (codes, "must be \\(codes, scales, counters\\), got Tensor$")]:
         with pytest.raises(ValueError, match=match):
             _mma(x, w, None, None, bad)
     offset = torch.empty(codes.numel() + 1, dtype=torch.uint8, device=DEVICE)[1:]

@@ -792,7 +792,9 @@ def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
         raise ValueError(f"{op}: the piece layout needs a weight of {piece_layout.describe()}, "
                          f"got {fmt.name} [{N}, {K}] in blocks of {block_size}")
     if not isinstance(pieces, (tuple, list)) or len(pieces) != 3:
-        raise ValueError(f"{op}: pieces must be (codes, scales, counters), got {pieces!r}")
+        got = (f"a {type(pieces).__name__} of {len(pieces)}" if isinstance(pieces, (tuple, list))
+               else type(pieces).__name__)
+        raise ValueError(f"{op}: pieces must be (codes, scales, counters), got {got}")
     expected = [(N * K * fmt.bytes_per_group // fmt.codes_per_group, torch.uint8, 16),
                 (N * K // piece_layout.BLOCK, torch.uint8, 1), (N // CHUNK, torch.int32, 4)]
     for name, t, (numel, dtype, alignment) in zip(("codes", "scales", "counters"), pieces,
