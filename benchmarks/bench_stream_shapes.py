@@ -6,12 +6,13 @@
 bench_gpu_matmul.py's "read-only" column is the memory floor: thousands of short programs, each
 reading one 4-16 KiB chunk of the weight's codes or scales. A tensor-core kernel for a few
 activation rows cannot have that shape. Its programs each own a tile of W rows (so they share
-x's loads) and a long run of K, and split-K partials cost bytes of their own: at 16 rows the
-kernels here run 128-640 programs, each streaming 50-512 KiB. This script times read-only
-kernels of exactly that shape over the same bytes: P programs, each streaming one contiguous
-P-th of the codes and of the scales, step by step, through Triton's software pipeline, either
-by TMA (tensor descriptors) or by cp.async (pipelined loads). It sweeps P, the step and the
-pipeline depth, and prints each shape's best time next to the floor.
+x's loads) and a long run of K, and split-K partials cost bytes of their own: at 16 rows
+torchmx's kernels run 512-640 programs, each streaming 50-130 KiB, and one per 64-row tile
+would stream 512 KiB. This script times read-only kernels of exactly that shape over the same
+bytes: P programs, each streaming one contiguous P-th of the codes and of the scales, step by
+step, through Triton's software pipeline, either by TMA (tensor descriptors) or by cp.async
+(pipelined loads). It sweeps P, the step and the pipeline depth, and prints each shape's best
+time next to the floor.
 
 Every kernel first checks that it read each byte once: the sum of the words its programs return
 equals the words' sum computed by torch (mod 2**32). Times are medians of CUDA-graph replays
