@@ -22,7 +22,8 @@ weight at the memory floor, with no hand-over at all. This script tries that sha
 Numerics are those of the library's kernels (exact bf16 products, fp32 sums, one rounding); the
 script checks every configuration against the exact product first (bench_gpu_matmul.check).
 Here the weights are ordinary (every scale byte in the decode's exact range: mma_linear.
-FAST_SCALES); the prototype has no fallback for the others. It then times, by CUDA-graph
+FAST_SCALES; no e4m3 NaN codes); the prototype has no fallback for the others (mma_linear's
+poisoned multipliers and exact recompute). It then times, by CUDA-graph
 replays over 8 weight copies, the prototype at a few pipeline depths, the same kernel with the
 decode and MMAs switched off (what its data movement costs), the library's prepacked kernel
 and the read-only floor.
@@ -133,7 +134,6 @@ def _decoded(w_tile, s_row, shift, MP: gl.constexpr, FP4: gl.constexpr):
 def _slot(acc, w_smem, x_smem, s_smem, slot, shift, FIRST: gl.constexpr, MP: gl.constexpr,
           SUB: gl.constexpr, FP4: gl.constexpr, DECODE: gl.constexpr):
     """acc plus the products of one ring slot's SUB sub-steps."""
-    WB: gl.constexpr = KB // 2 if FP4 else KB
     scale_words = s_smem.index(slot)._reinterpret(gl.int32, [SUB * 64],
                                                   gl.SwizzledSharedLayout(1, 1, 1, [0]))
     for u in gl.static_range(SUB):
@@ -253,9 +253,11 @@ def gluon_linear(x, packed, fp4, stages, sub, decode=True):
     codes, scales = packed
     M, K = x.shape
     N = codes.numel() * (2 if fp4 else 1) // K
-    # an even ring: each slot always serves the same consumer, whose parity waits on it can
-    # then never mistake a slot's next phase for the one it waits for
-    assert M <= 64 and K % (KB_CODES * sub) == 0 and N % 64 == 0 and stages % 2 == 0
+    # An even ring, so that each slot always serves the same consumer (a parity wait on a slot
+    # whose phase has not completed yet passes at once); and at least a slot for each
+    # consumer, which waits for its first one before its loop.
+    assert M <= 64 and N % 64 == 0 and stages % 2 == 0
+    assert K % (KB_CODES * sub) == 0 and K >= 2 * KB_CODES * sub
     MP = max(16, triton.next_power_of_2(M))
     wb = KB_CODES // 2 if fp4 else KB_CODES
     out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
