@@ -46,13 +46,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_gpu_matmul import (ROTATE, check, make_weights, prepacked_linear,  # noqa: E402
                               prepacked_parts, read_floor_us)
 from torchmx import dtypes  # noqa: E402
-from torchmx.kernels.mma_linear import _DECODE_E2M1, _DECODE_E4M3  # noqa: E402
+from torchmx.kernels.mma_linear import _DECODE_E2M1, _DECODE_E4M3, FAST_SCALES  # noqa: E402
+from torchmx.numerics.packing import unpack_codes  # noqa: E402
 from _timing import graph_time_us  # noqa: E402
 
 KB_CODES = 128  # codes of a row in one sub-step (fp8: 128 bytes, fp4: 64), 4 scale bytes
 KB = gl.constexpr(KB_CODES)
 DECODE_E4M3 = gl.constexpr(_DECODE_E4M3.value)
 DECODE_E2M1 = gl.constexpr(_DECODE_E2M1.value)
+# scale bytes for which the decode's one multiply is exact (mma_linear.FAST_SCALES)
+E2M1_S_MAX = gl.constexpr(FAST_SCALES[dtypes.float4_e2m1][1])
+E4M3_S_MIN = gl.constexpr(FAST_SCALES[dtypes.float8_e4m3][0])
+E4M3_S_MAX = gl.constexpr(FAST_SCALES[dtypes.float8_e4m3][1])
 CONFIGS = [(4, 2), (6, 1), (6, 2), (8, 1)]  # (STAGES, SUB): ring slots, sub-steps a slot
 
 
@@ -112,16 +117,17 @@ def _decoded(w_tile, s_row, shift, MP: gl.constexpr, FP4: gl.constexpr):
     words = gl.convert_layout(words.reshape([64, 4, S]), l3)  # same registers: no data moves
     rows = s_row.load(gl.SliceLayout(1, gl.SliceLayout(2, l3)))  # a row's 4 scale bytes
     s = (rows[:, None, None] >> shift[None, None, :]) & 255
-    if FP4:  # value * 2**-126 from the decode, times 2**(s - 1): exact for s <= 128
-        m = gl.where(s <= 128, (s + 126) * 0x00800080, 0x7FC07FC0)
+    if FP4:  # value * 2**-126 from the decode, times 2**(s - 1)
+        m = gl.where(s <= E2M1_S_MAX, (s + 126) * 0x00800080, 0x7FC07FC0)
         v0, v1, v2, v3, v4, v5, v6, v7 = gl.inline_asm_elementwise(
             DECODE_E2M1, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 8,
             is_pure=True, pack=1)
         t = gl.join(gl.join(gl.join(v0, v1), gl.join(v2, v3)),
                     gl.join(gl.join(v4, v5), gl.join(v6, v7)))  # [64, t, s, b, h, o]
         t = t.permute((0, 2, 5, 4, 1, 3))  # k = 32 s + 16 o + 8 h + 2 t + b
-    else:  # value * 2**-120, times 2**(s - 7): exact for 3 <= s <= 134
-        m = gl.where((s >= 3) & (s <= 134), (s + 120) * 0x00800080, 0x7FC07FC0)
+    else:  # value * 2**-120, times 2**(s - 7)
+        m = gl.where((s >= E4M3_S_MIN) & (s <= E4M3_S_MAX), (s + 120) * 0x00800080,
+                     0x7FC07FC0)
         v0, v1, v2, v3 = gl.inline_asm_elementwise(DECODE_E4M3, "=h,=h,=h,=h,r,r", [words, m],
                                                    dtype=(gl.bfloat16,) * 4, is_pure=True,
                                                    pack=1)
@@ -237,7 +243,7 @@ def pack(w):
     N, K = w.shape
     data, scale = w._data.view(torch.uint8), w._scale_e8m0
     if w.elem_dtype == dtypes.float4_e2m1:
-        codes = torch.stack([data & 15, data >> 4], dim=-1).reshape(N, K)
+        codes = unpack_codes(data, w.elem_dtype, K).to(torch.uint8)  # [N, K]
         c = codes.reshape(N // 64, 64, K // KB_CODES, 4, 2, 2, 4, 2)  # nb r step | s o h t b
         c = c.permute(0, 2, 1, 6, 3, 4, 5, 7).reshape(N // 64, K // KB_CODES, 64, KB_CODES // 2, 2)
         codes = (c[..., 0] | (c[..., 1] << 4)).reshape(-1, KB_CODES // 2)
