@@ -1,9 +1,11 @@
 """MXInferenceLinear.prepack() and torchmx.nn.prepack_weights: a second copy of the weight in
-the fragment layout (MXFP4) or the piece layout (MXFP8, MXINT8, MXFP6), what forward does
-with it, and how the copy follows the weight (load_state_dict, in-place writes, pickling,
-.to, inference mode, torch.compile).
+the stream layout (MXFP4, MXFP8, MXINT8, where Triton has Gluon), the fragment layout (MXFP4)
+or the piece layout (MXFP8, MXINT8, MXFP6), what forward does with it, and how the copy
+follows the weight (load_state_dict, in-place writes, pickling, .to, inference mode,
+torch.compile). Every test runs with and without stream copies.
 
-On CPU the prepacked kernels run under Triton's interpreter; on an H100 on the GPU. Operands are
+On CPU the fragment and piece kernels run under Triton's interpreter and the stream copies take
+the op's usual path (Gluon does not run there); on an H100 all run on the GPU. Operands are
 small integers, so every sum is exact and any kernel must give the plain layer's bits.
 """
 
@@ -14,9 +16,9 @@ import torch
 
 from torchmx import dtypes
 from torchmx.config import MXConfig, QLinearConfig
-from torchmx.kernels import fragment_layout as fl, piece_layout as pl
+from torchmx.kernels import fragment_layout as fl, piece_layout as pl, stream_layout as sl
 from torchmx.mx_ops import weight_matmul
-from torchmx.nn import MXInferenceLinear, prepack_weights
+from torchmx.nn import MXInferenceLinear, inference_linear, prepack_weights
 
 from matmul_operands import DEVICE, reference
 
@@ -24,6 +26,14 @@ CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 # fp4: the fragment layout; the others: the piece layout
 FORMATS = ["float4_e2m1", "float8_e4m3", "int8", "float6_e3m2"]
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["fragment-piece", "stream"])
+def stream_copies(request, monkeypatch):
+    """Whether prepack() makes stream copies where they fit (on an H100 with Gluon it does by
+    default; on CPU, under the interpreter, it does not)."""
+    monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda: request.param)
+    return request.param
 
 
 @pytest.fixture(autouse=True)
@@ -55,9 +65,12 @@ def _unpacked(layer):
     """(scale, data) rebuilt from the layer's prepacked copy."""
     fmt = layer.qconfig.weights_config.elem_dtype
     codes, scales = layer.weight_fragment_codes, layer.weight_fragment_scales
-    if fmt == dtypes.float4_e2m1:
-        return fl.unshuffle(codes, scales, layer.out_features, layer.in_features)
-    return pl.unpack(codes, scales, fmt, layer.out_features, layer.in_features)
+    N, K = layer.out_features, layer.in_features
+    if layer._fragment_layout == "stream":
+        return sl.unpack(codes, scales, fmt, N, K)
+    if layer._fragment_layout == "fragment":
+        return fl.unshuffle(codes, scales, N, K)
+    return pl.unpack(codes, scales, fmt, N, K)
 
 
 @pytest.mark.parametrize("fmt,rows", [("float4_e2m1", r) for r in (1, 2, 16, 64, 70)]
@@ -75,12 +88,18 @@ def test_prepacked_layer_equals_the_plain_one(fmt, rows):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_the_copy_is_the_weight_in_its_layout(fmt):
+def test_the_copy_is_the_weight_in_its_layout(fmt, stream_copies):
     layer = _layer(fmt=fmt).prepack()
+    expected = ("stream" if stream_copies and fmt != "float6_e3m2" else
+                "fragment" if fmt == "float4_e2m1" else "piece")
+    assert layer._fragment_layout == expected
     s, d = _unpacked(layer)
     assert torch.equal(s, layer.weight_scale) and torch.equal(d, layer.weight_data)
-    assert layer.weight_fragment_counters.shape == (2,) and not layer.weight_fragment_counters.any()
     extra = layer.weight_fragment_codes.numel() - layer.weight_data.numel()
+    if expected == "stream":  # no split-K, no counters
+        assert layer.weight_fragment_counters is None and extra == 0
+        return
+    assert layer.weight_fragment_counters.shape == (2,) and not layer.weight_fragment_counters.any()
     assert extra == (fl.PAD_CODE_BYTES if fmt == "float4_e2m1" else 0)
 
 
@@ -143,7 +162,7 @@ def test_prepacked_layer_pickles_and_moves(fmt, tmp_path):
 def test_layers_pickled_before_prepack_existed_load():
     layer = _layer()
     state = layer.__getstate__()
-    for name in ("_fragment_fold", "_fragment_source"):
+    for name in ("_fragment_fold", "_fragment_layout", "_fragment_source"):
         state.pop(name)
     for name in ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters"):
         state["_buffers"].pop(name)
@@ -204,3 +223,17 @@ def test_prepacked_layer_compiles(fmt):
     x = torch.randint(-4, 5, (2, 3, 256)).to(torch.bfloat16).to(DEVICE)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager" if not CUDA else "inductor")
     torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt,name", [("float4_e2m1", "fragment"), ("int8", "piece")])
+def test_layers_pickled_before_the_stream_layout_keep_their_copy(fmt, name, monkeypatch):
+    """A layer prepacked (fragment or piece copy) and pickled before `_fragment_layout` existed."""
+    monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda: False)
+    layer = _layer(fmt=fmt).prepack()
+    state = layer.__getstate__()
+    state.pop("_fragment_layout")
+    old = MXInferenceLinear.__new__(MXInferenceLinear)
+    old.__setstate__(state)
+    assert old.prepacked and old._fragment_layout == name
+    x = torch.randint(-4, 5, (2, 256)).to(torch.bfloat16).to(DEVICE)
+    torch.testing.assert_close(old(x), reference(x, layer.weight, layer.bias), rtol=0, atol=0)

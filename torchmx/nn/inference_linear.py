@@ -16,9 +16,11 @@ from torch import nn
 
 from .. import dtypes
 from ..config import QLinearConfig
-from ..kernels import fragment_layout, piece_layout
+from ..kernels import fragment_layout, piece_layout, stream_layout, stream_linear
+from ..kernels.matmul import _interpreting
 from ..mx_ops.fragment_linear import mx_fp4_fragment_linear  # noqa: F401 - registers the op
 from ..mx_ops.piece_linear import mx_piece_linear  # noqa: F401 - registers the op
+from ..mx_ops.stream_linear import mx_stream_linear  # noqa: F401 - registers the op
 from ..mx_tensor import MXTensor
 from ..numerics import arguments as args
 from ..numerics.packing import packed_length
@@ -27,8 +29,8 @@ from .mx_linear import check_linear, check_qconfig, describe_qconfig
 __all__ = ["MXInferenceLinear", "prepack_weights"]
 
 _EXTRA_STATE_VERSION = 1
-# prepack()'s copy of the weight (the fragment layout for MXFP4, the piece layout for the other
-# formats): its codes, its scales and the kernel's split-K counters.
+# prepack()'s copy of the weight (the stream layout, the fragment layout for MXFP4 or the piece
+# layout): its codes, its scales and the kernel's split-K counters (None for the stream layout).
 _FRAGMENT_BUFFERS = ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters")
 
 
@@ -62,8 +64,12 @@ def _packed_linear(x, weight_mx, bias, activations_config, fragment):
     if activations_config is not None:
         x = activations_config.to_mx(x, -1)
     elif fragment is not None:  # weight-only: the op picks its kernel or the usual path
-        codes, scales, counters, fold, elem_dtype_name = fragment
-        if elem_dtype_name == dtypes.float4_e2m1.name:
+        layout, codes, scales, counters, fold, elem_dtype_name = fragment
+        if layout == "stream":
+            return torch.ops.torchmx.mx_stream_linear(
+                x, codes, scales, weight_mx._scale_e8m0, weight_mx._data, elem_dtype_name,
+                weight_mx.shape[1], bias, x.dtype)
+        if layout == "fragment":
             return torch.ops.torchmx.mx_fp4_fragment_linear(
                 x, codes, scales, counters, fold, weight_mx._scale_e8m0, weight_mx._data,
                 weight_mx.shape[1], bias, x.dtype)
@@ -73,13 +79,27 @@ def _packed_linear(x, weight_mx, bias, activations_config, fragment):
     return F.linear(x, weight_mx, bias)
 
 
+_LAYOUT_NAMES = {stream_layout: "stream", fragment_layout: "fragment", piece_layout: "piece"}
+
+
+def _stream_layout_wanted() -> bool:
+    """Whether prepack() makes stream-layout copies: where this Triton has Gluon (and not under
+    Triton's interpreter, which cannot run the stream kernel: there the fragment and piece
+    kernels run instead)."""
+    return stream_linear.available() and not _interpreting()
+
+
 def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int):
-    """The layout module whose copy prepack() makes for this layer (fragment_layout for MXFP4,
-    piece_layout for the other formats), or None where neither fits."""
+    """The layout module whose copy prepack() makes for this layer (stream_layout where
+    _stream_layout_wanted; else fragment_layout for MXFP4 and piece_layout for the other
+    formats), or None where none fits."""
     fmt, block = qconfig.weights_config.elem_dtype, qconfig.weights_config.block_size
     if qconfig.activations_config is not None:
         return None
-    for layout in (fragment_layout, piece_layout):  # MXFP4: fragments, the faster
+    layouts = (fragment_layout, piece_layout)  # MXFP4: fragments, the faster
+    if _stream_layout_wanted():
+        layouts = (stream_layout,) + layouts
+    for layout in layouts:
         if layout.fits(fmt, block, out_features, in_features):
             return layout
     return None
@@ -122,12 +142,17 @@ class MXInferenceLinear(nn.Module):
         for name in _FRAGMENT_BUFFERS:
             self.register_buffer(name, None, persistent=False)
         self._fragment_fold = True
+        self._fragment_layout = None  # "stream", "fragment" or "piece"
         self._fragment_source = None  # what the copy was built from (`_weight_source`)
 
     def __setstate__(self, state):
         super().__setstate__(state)
         if "_fragment_source" not in self.__dict__:  # pickled before prepack() existed
             self._init_fragment()
+        elif "_fragment_layout" not in self.__dict__:  # pickled before the stream layout
+            fmt = self.qconfig.weights_config.elem_dtype
+            self._fragment_layout = (None if self.weight_fragment_codes is None else
+                                     "fragment" if fmt == dtypes.float4_e2m1 else "piece")
 
     @classmethod
     def from_float(cls, linear: nn.Linear, qconfig: Optional[QLinearConfig] = None
@@ -193,14 +218,17 @@ class MXInferenceLinear(nn.Module):
         """Add a copy of the weight laid out for Hopper's tensor cores and return self.
 
         Forward then multiplies bf16 inputs of few rows on an sm_90 GPU (H100 / H200) with a
-        kernel that reads the copy: for MXFP4 the fragment layout
-        (torchmx/kernels/fragment_layout.py, 2 to 64 rows); for MXFP8, MXINT8 and MXFP6 the
-        piece layout (torchmx/kernels/piece_layout.py; 2 to 64 rows, fp6 1 to 32). Both are
-        faster than the standard layout's kernels (docs/matmul.md). Other inputs take the
-        usual path, with the same numerics (exact products, fp32 sums, one rounding). Needs a
-        weight-only config (no activations_config) with weights in blocks of 32, out_features
-        a multiple of 64 and in_features of 64 (fp4, one-byte formats) or 128 (fp6). The
-        copy costs the weight's bytes again. It is not saved in the state dict and follows
+        kernel that reads the copy. For MXFP4, MXFP8 and MXINT8, where Triton has Gluon
+        (Triton 3.6), the stream layout (torchmx/kernels/stream_layout.py; 1 to 64 rows; in
+        features a multiple of 128, at least 256); otherwise, and for the shapes it does not
+        take, for MXFP4 the fragment layout (torchmx/kernels/fragment_layout.py, 2 to 64
+        rows) and for the other formats the piece layout (torchmx/kernels/piece_layout.py;
+        2 to 64 rows, fp6 1 to 32). All are faster than the standard layout's kernels
+        (docs/matmul.md). Other inputs take the usual path, with the same numerics (exact
+        products, fp32 sums, one rounding). Needs a weight-only config (no
+        activations_config) with weights in blocks of 32, out_features a multiple of 64 and
+        in_features of 64 (fp4, one-byte formats) or 128 (fp6). The copy costs the weight's
+        bytes again. It is not saved in the state dict and follows
         .to(device). It is rebuilt when a state dict is loaded, and by an eager forward after
         the weight buffers were written or replaced; under torch.compile that check is not
         traced, so call prepack() again after changing the weight of a compiled model.
@@ -214,21 +242,28 @@ class MXInferenceLinear(nn.Module):
         if layout is None:
             raise ValueError(
                 f"{self._describe()}.prepack(): no prepacked layout for {cfg.elem_dtype.name} "
-                f"weights in blocks of {cfg.block_size}; it needs float4_e2m1 weights with in "
-                f"and out features multiples of {fragment_layout.CHUNK}, or weights of "
-                f"{piece_layout.describe()}")
+                f"weights in blocks of {cfg.block_size} [{self.out_features}, "
+                f"{self.in_features}]; it needs float4_e2m1 weights with in and out features "
+                f"multiples of {fragment_layout.CHUNK}, or weights of {piece_layout.describe()}")
         if self.weight_data.device.type == "meta":
             raise ValueError(f"{self._describe()}.prepack(): the weight is on the meta device; "
                              "load its values first")
-        if layout is fragment_layout:
+        self._fragment_fold = True  # used by the fragment kernel alone
+        counters = True
+        if layout is stream_layout:
+            codes, scales = stream_layout.pack(self.weight_scale, self.weight_data,
+                                               cfg.elem_dtype)
+            counters = False  # no split-K
+        elif layout is fragment_layout:
             codes, scales = fragment_layout.preshuffle(self.weight_scale, self.weight_data)
             self._fragment_fold = fragment_layout.fold_scales(self.weight_scale)
         else:
             codes, scales = piece_layout.pack(self.weight_scale, self.weight_data, cfg.elem_dtype)
-            self._fragment_fold = True  # unused: the piece kernel takes no fold
         self.weight_fragment_codes, self.weight_fragment_scales = codes, scales
         self.weight_fragment_counters = torch.zeros(
-            self.out_features // layout.CHUNK, dtype=torch.int32, device=codes.device)
+            self.out_features // layout.CHUNK, dtype=torch.int32,
+            device=codes.device) if counters else None
+        self._fragment_layout = _LAYOUT_NAMES[layout]
         self._fragment_source = self._weight_source()
         return self
 
@@ -256,7 +291,8 @@ class MXInferenceLinear(nn.Module):
         if self.weight_fragment_codes is not None:
             if not torch.compiler.is_compiling() and self._fragment_source != self._weight_source():
                 self.prepack()  # the weight buffers were written or replaced since
-            fragment = (self.weight_fragment_codes, self.weight_fragment_scales,
+            fragment = (self._fragment_layout, self.weight_fragment_codes,
+                        self.weight_fragment_scales,
                         self.weight_fragment_counters, self._fragment_fold,
                         self.qconfig.weights_config.elem_dtype_name)
         return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
@@ -315,7 +351,8 @@ class MXInferenceLinear(nn.Module):
 def prepack_weights(model: nn.Module) -> List[str]:
     """MXInferenceLinear.prepack() on every layer of `model` that has a prepacked layout
     (weight-only, blocks of 32; MXFP4 with in and out features multiples of 64, the other
-    formats as piece_layout.fits); returns their names. The other layers are left as they
+    formats as piece_layout.fits, or as stream_layout.fits where prepack() makes stream
+    copies); returns their names. The other layers are left as they
     are."""
     names = []
     for name, module in model.named_modules():

@@ -1,0 +1,139 @@
+"""The stream kernel (kernels/stream_linear.py, Gluon) vs the kernels it replaces (issue #7).
+
+    python benchmarks/bench_stream_linear.py        # needs an sm_90 GPU and Triton with Gluon
+
+Checks first: every format through the kernel and through torch.ops.torchmx.mx_stream_linear
+(the op that MXInferenceLinear.prepack() layers call; it runs the kernel for 2..64 rows)
+against the exact product, bit for bit on operands whose sums are exact. Then, at N = K =
+8192, by CUDA-graph replays over 8 weight copies (microseconds per call):
+
+- the ring configurations (slots, sub-steps a slot) at 1, 16 and 64 rows: what
+  stream_linear._PREFERRED is chosen from;
+- per format and rows: the read-only floor of the weight's bytes, the stream kernel at its
+  default config, the fragment (MXFP4) or piece (MXFP8, MXINT8) kernel (the prepacked copies
+  where Triton has no Gluon; at one row the usual path, byte_gemv's one-row kernels, which
+  the op keeps for one row), and cuBLAS bf16 on the unquantized weight; ratios are their
+  time / the stream kernel's.
+"""
+
+import datetime
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_gpu_matmul import (ROTATE, check, make_weights, prepacked_kernel_runs,  # noqa: E402
+                              prepacked_linear, prepacked_parts, read_floor_us)
+from torchmx import MXTensor, dtypes  # noqa: E402
+from torchmx.kernels import stream_layout, stream_linear  # noqa: E402
+from torchmx.mx_ops import stream_linear as stream_op  # noqa: E402
+from _timing import graph_time_us  # noqa: E402
+
+FORMATS = [dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8]
+ROWS = [1, 2, 4, 8, 16, 32, 64]
+SWEEP_ROWS = [1, 16, 64]
+RINGS = [(2, 2), (4, 1), (4, 2), (6, 1), (6, 2), (8, 1), (8, 2)]
+
+
+def parts(w):
+    return stream_layout.pack(w._scale_e8m0, w._data, w.elem_dtype)
+
+
+def stream_op_call(x, w, p, bias=None):
+    return torch.ops.torchmx.mx_stream_linear(x, *p, w._scale_e8m0, w._data, w.elem_dtype.name,
+                                              w.shape[1], bias, x.dtype)
+
+
+def kernel_call(x, w, p, bias=None, config=None):
+    return stream_linear.stream_linear(x, *p, w._scale_e8m0, w._data, w.elem_dtype, bias,
+                                       x.dtype, config)
+
+
+def check_all():
+    torch.manual_seed(0)
+    for fmt in FORMATS:
+        for M, N, K in [(1, 256, 1024), (7, 320, 384), (16, 8192, 8192), (33, 128, 4096),
+                        (64, 1024, 2048)]:
+            w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+            p = parts(w)
+            check(kernel_call(x, w, p, b), x, w, b, f"stream {fmt.name} {M}x{N}x{K}")
+            assert stream_op.uses_stream_kernel(x, w._scale_e8m0, fmt, torch.bfloat16) == (M > 1)
+            check(stream_op_call(x, w, p, b), x, w, b, f"op {fmt.name} {M}x{N}x{K}")
+        g = torch.Generator(device="cuda").manual_seed(1)
+        x = torch.randint(-4, 5, (16, 1024), device="cuda", generator=g).to(torch.bfloat16)
+        w = MXTensor.to_mx(torch.randint(-6, 7, (512, 1024), device="cuda", generator=g)
+                           .to(torch.bfloat16), fmt, 32)
+        exact = (x.float() @ w.dequantize(torch.float32).t()).to(torch.bfloat16)
+        if not torch.equal(kernel_call(x, w, parts(w)), exact):
+            raise AssertionError(f"stream {fmt.name}: not bit-exact on exact sums")
+    print("check: every format matches the exact product (bit for bit where the sums are "
+          "exact), through the kernel and the op")
+
+
+def sweep(N, K):
+    print(f"\nring configurations (slots, sub-steps), N = K = {N}: microseconds per call")
+    for fmt in (dtypes.float4_e2m1, dtypes.float8_e4m3):
+        ws = make_weights(fmt, N, K, ROTATE)
+        ps = [parts(w) for w in ws]
+        for M in SWEEP_ROWS:
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            times = []
+            for stages, sub in RINGS:
+                cfg = stream_linear.StreamConfig(stages, sub)
+                try:
+                    t = graph_time_us([lambda w=w, p=p: kernel_call(x, w, p, None, cfg)
+                                       for w, p in zip(ws, ps)])
+                except ValueError:  # does not fit in shared memory at these rows
+                    continue
+                times.append(f"({stages}, {sub}) {t:.1f}")
+            default = stream_linear.default_config(fmt, M, K)
+            print(f"  {fmt.name:12s} M={M:<3d} default ({default.stages}, {default.sub}): "
+                  + ", ".join(times))
+        del ws, ps
+
+
+def table(N, K):
+    print(f"\nfew-row MX-weight linear, N = K = {N}: microseconds per call; ratios = their "
+          f"time / the stream kernel's")
+    print(f"{'format':12s} {'M':>3s} {'floor':>6s} {'stream':>7s} {'previous':>17s} "
+          f"{'cuBLAS bf16':>16s}")
+    dense = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(ROTATE)]
+    for fmt in FORMATS:
+        ws = make_weights(fmt, N, K, ROTATE)
+        ps = [parts(w) for w in ws]
+        old = [prepacked_parts(w) for w in ws]
+        floor = read_floor_us(ws)
+        for M in ROWS if fmt in (dtypes.float4_e2m1, dtypes.float8_e4m3) else [16]:
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            ours = graph_time_us([lambda w=w, p=p: kernel_call(x, w, p) for w, p in zip(ws, ps)])
+            if prepacked_kernel_runs(fmt, M):
+                name = "fragment" if fmt == dtypes.float4_e2m1 else "piece"
+                previous = graph_time_us([lambda w=w, p=p: prepacked_linear(x, w, p)
+                                          for w, p in zip(ws, old)])
+            else:
+                name = "usual"
+                previous = graph_time_us([lambda w=w: F.linear(x, w) for w in ws])
+            cublas = graph_time_us([lambda w=w: F.linear(x, w) for w in dense])
+            print(f"{fmt.name:12s} {M:3d} {floor:6.1f} {ours:7.1f} {name:>8s} {previous:5.1f} "
+                  f"({previous / ours:.3f}x) {cublas:6.1f} ({cublas / ours:.2f}x)")
+        del ws, ps, old
+
+
+def main():
+    N = K = 8192
+    print(f"stream kernel vs the kernels it replaces ({torch.cuda.get_device_name()}, torch "
+          f"{torch.__version__}, Triton {triton.__version__}, {datetime.date.today()}; "
+          f"CUDA-graph replays over {ROTATE} weight copies)\n")
+    check_all()
+    sweep(N, K)
+    table(N, K)
+
+
+if __name__ == "__main__":
+    main()

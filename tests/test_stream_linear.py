@@ -1,0 +1,362 @@
+"""The stream layout (kernels/stream_layout.py), the Gluon kernel that reads it
+(kernels/stream_linear.py) and the op torch.ops.torchmx.mx_stream_linear.
+
+Gluon kernels do not run under Triton's interpreter. On the CPU: the layout bit for bit, the
+configs, the kernel compiled for sm_90 (ptxas keeps its wgmmas asynchronous and spills
+nothing), and the op's usual path. On an H100 the kernel itself, bit for bit: exact checks use
+operands whose every fp32 sum is exact, or outputs that are one product alone, so any
+accumulation order must give the reference's bits.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from torchmx import MXTensor, dtypes
+from torchmx.kernels import stream_layout as sl, stream_linear
+from torchmx.kernels.mma_linear import FAST_SCALES
+from torchmx.mx_ops import stream_linear as op_module
+from torchmx.numerics.packing import pack_codes, unpack_codes
+
+from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
+                             assert_within_fp32_accumulation, integer_operands, reference)
+
+FORMATS = ["float8_e4m3", "float8_e5m2", "int8", "float4_e2m1"]
+FP8 = FORMATS[:2]
+ON_GPU = DEVICE == "cuda" and stream_linear.usable_on(torch.device("cuda"))
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on sm_90 GPUs only")
+needs_gluon = pytest.mark.skipif(not stream_linear.available(), reason="this Triton has no Gluon")
+
+
+def _random_parts(fmt, N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, 256, (N, K * fmt.bytes_per_group // fmt.codes_per_group),
+                         generator=g, dtype=torch.uint8)
+    scale = torch.randint(0, 256, (N, K // 32), generator=g, dtype=torch.uint8)
+    return scale, data
+
+
+# --- the layout ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("N,K", [(64, 256), (128, 384), (192, 1024)])
+def test_pack_unpack_round_trip(fmt, N, K):
+    fmt = dtypes.from_name(fmt)
+    scale, data = _random_parts(fmt, N, K)
+    codes, scales = sl.pack(scale, data, fmt)
+    assert codes.shape == (data.numel(),) and scales.shape == (scale.numel(),)
+    back_scale, back_data = sl.unpack(codes, scales, fmt, N, K)
+    assert torch.equal(back_scale, scale) and torch.equal(back_data, data)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_code_lands_where_the_kernel_reads_it(fmt):
+    """Code (n, k) sits in word S t + s, byte or nibble j, of its row's step, with (t, s, j)
+    from the module docstring's formula, computed here element by element; scale byte (n, b)
+    is byte b % 4 of the row's step b // 4."""
+    fmt = dtypes.from_name(fmt)
+    N, K = 128, 512
+    scale, data = _random_parts(fmt, N, K, seed=1)
+    codes, scales = sl.pack(scale, data, fmt)
+    fp4 = fmt == dtypes.float4_e2m1
+    logical = unpack_codes(data, fmt, K).to(torch.int64)  # [N, K]
+    n, k = torch.meshgrid(torch.arange(N), torch.arange(K), indexing="ij")
+    step, c = k // 128, k % 128
+    b, t = c % 2, (c // 2) % 4
+    if fp4:  # code 32 s + 16 o + 8 h + 2 t + b at nibble 4 o + 2 h + b of word (t, s)
+        h, o, s = (c // 8) % 2, (c // 16) % 2, c // 32
+        words_a_row, nibble = 16, 4 * o + 2 * h + b
+    else:  # code 16 s + 8 h + 2 t + b at byte 2 h + b of word (t, s)
+        h, s = (c // 8) % 2, c // 16
+        words_a_row, nibble = 32, 2 * (2 * h + b)
+    word = ((n // 64 * (K // 128) + step) * 64 + n % 64) * words_a_row + (words_a_row // 4) * t + s
+    as_words = codes.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    bits = 4 if fp4 else 8
+    found = (as_words[word] >> (bits * (nibble if fp4 else nibble // 2))) & ((1 << bits) - 1)
+    assert torch.equal(found, logical & ((1 << bits) - 1))
+    nb, blk = torch.meshgrid(torch.arange(N), torch.arange(K // 32), indexing="ij")
+    at = ((nb // 64 * (K // 128) + blk // 4) * 64 + nb % 64) * 4 + blk % 4
+    assert torch.equal(scales[at], scale)
+
+
+def test_golden_order_of_a_row():
+    """The first step of row 0 for codes equal to their column: lane t = 0's words first."""
+    N, K = 64, 256
+    cols = torch.arange(K).repeat(N, 1)
+    e4m3 = sl.pack(torch.zeros(N, K // 32, dtype=torch.uint8),
+                   pack_codes(cols % 256, dtypes.float8_e4m3), dtypes.float8_e4m3)[0]
+    assert e4m3[:40].tolist() == [0, 1, 8, 9, 16, 17, 24, 25, 32, 33, 40, 41, 48, 49, 56, 57,
+                                  64, 65, 72, 73, 80, 81, 88, 89, 96, 97, 104, 105, 112, 113,
+                                  120, 121, 2, 3, 10, 11, 18, 19, 26, 27]
+    fp4 = sl.pack(torch.zeros(N, K // 32, dtype=torch.uint8),
+                  pack_codes(cols % 16, dtypes.float4_e2m1), dtypes.float4_e2m1)[0]
+    # word (t=0, s=0): codes 0, 1 | 8, 9 | 16, 17 | 24, 25 (mod 16), low nibble first
+    assert [hex(v) for v in fp4[:8].tolist()] == ["0x10", "0x98", "0x10", "0x98",
+                                                   "0x10", "0x98", "0x10", "0x98"]
+
+
+@pytest.mark.parametrize("fmt,block,N,K,fits", [
+    ("float8_e4m3", 32, 64, 256, True), ("float4_e2m1", 32, 8192, 8192, True),
+    ("int8", 32, 64, 384, True), ("float8_e5m2", 32, 64, 128, False),  # one step
+    ("float8_e4m3", 64, 64, 256, False), ("float6_e2m3", 32, 64, 256, False),
+    ("float8_e4m3", 32, 96, 256, False), ("float8_e4m3", 32, 64, 320, False),
+    ("float8_e4m3", 32, 0, 256, False), ("float4_e2m1", 32, 2 ** 20, 2 ** 18, False)])
+def test_fits(fmt, block, N, K, fits):
+    assert sl.fits(dtypes.from_name(fmt), block, N, K) is fits
+
+
+def test_pack_and_unpack_refuse_what_does_not_fit():
+    fmt = dtypes.float8_e4m3
+    scale, data = _random_parts(fmt, 64, 128)
+    with pytest.raises(ValueError, match="stream_layout.pack: .* at least 256"):
+        sl.pack(scale, data, fmt)
+    scale, data = _random_parts(fmt, 64, 256)
+    with pytest.raises(ValueError, match="stream_layout.pack"):
+        sl.pack(scale[:, :4], data, fmt)
+    with pytest.raises(ValueError, match="stream_layout.pack"):
+        sl.pack(scale, data.float(), fmt)
+    codes, scales = sl.pack(scale, data, fmt)
+    with pytest.raises(ValueError, match="stream_layout.unpack"):
+        sl.unpack(codes[:-1], scales, fmt, 64, 256)
+
+
+# --- configs --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt,M,K,expected", [
+    ("float4_e2m1", 16, 8192, (6, 2)), ("float4_e2m1", 1, 8192, (6, 2)),
+    ("float4_e2m1", 64, 8192, (4, 2)), ("float4_e2m1", 33, 384, (6, 1)),
+    ("float4_e2m1", 16, 256, (6, 1)), ("float4_e2m1", 16, 512, (6, 2)),
+    ("float8_e4m3", 16, 8192, (6, 1)), ("float8_e4m3", 64, 8192, (6, 1)),
+    ("int8", 33, 4096, (6, 1)), ("float8_e5m2", 1, 256, (6, 1))])
+def test_default_config(fmt, M, K, expected):
+    cfg = stream_linear.default_config(dtypes.from_name(fmt), M, K)
+    assert (cfg.stages, cfg.sub) == expected
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="stages must be an even number"):
+        stream_linear.StreamConfig(3, 1)
+    with pytest.raises(ValueError, match="sub 1 or 2"):
+        stream_linear.StreamConfig(4, 4)
+    with pytest.raises(ValueError, match="1..64 rows"):
+        stream_linear.default_config(dtypes.float8_e4m3, 65, 1024)
+    with pytest.raises(ValueError, match="float6_e2m3"):
+        stream_linear.default_config(dtypes.float6_e2m3, 16, 1024)
+
+
+# --- the kernel compiled for sm_90 (no GPU needed) ------------------------------------------
+
+_COMPILED = [("float4_e2m1", 16, 256, 1024, True, "bfloat16"),
+             ("float4_e2m1", 64, 256, 1024, False, "float32"),
+             ("float8_e4m3", 1, 256, 1024, True, "bfloat16"),
+             ("float8_e4m3", 64, 256, 1024, True, "bfloat16"),
+             ("float8_e5m2", 32, 256, 384, False, "bfloat16"),
+             ("int8", 64, 256, 1024, True, "float32")]
+
+
+@pytest.fixture(scope="module")
+def ptxas_reports():
+    from gluon_compile import compile_reports
+    return dict(zip(_COMPILED, compile_reports(_COMPILED)))
+
+
+@needs_gluon
+@pytest.mark.parametrize("case", _COMPILED, ids=str)
+def test_compiles_for_sm90_with_async_wgmmas_and_no_spills(case, ptxas_reports):
+    """ptxas serializes wgmmas (and says so in a warning) when an accumulator is zero-initialised
+    on a zero-trip path or registers run short; either would cost the kernel its overlap."""
+    report = ptxas_reports[case]
+    assert "stream_linear_kernel" in report, report
+    assert "warning" not in report.lower(), report
+    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+
+
+# --- the op: its usual path wherever the kernel does not run ---------------------------------
+
+def _stream_parts(w):
+    return sl.pack(w._scale_e8m0, w._data, w.elem_dtype)
+
+
+def _op(x, w, parts, bias=None, out_dtype=None):
+    return torch.ops.torchmx.mx_stream_linear(x, *parts, w._scale_e8m0, w._data,
+                                              w.elem_dtype.name, w.shape[1], bias,
+                                              out_dtype or x.dtype)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_op_matches_the_usual_path(fmt):
+    x, w = integer_operands(fmt, 5, 128, 512)
+    x = x.reshape(5, 1, 512)
+    bias = torch.randint(-8, 9, (128,)).to(torch.bfloat16).to(DEVICE)
+    out = _op(x, w, _stream_parts(w), bias)
+    expected = torch.ops.torchmx.mx_weight_linear(x, w._scale_e8m0, w._data, w.elem_dtype.name,
+                                                  32, 512, bias, torch.bfloat16)
+    assert out.shape == (5, 1, 128)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(out.reshape(5, 128), reference(x.reshape(5, 512), w, bias),
+                               rtol=0, atol=0)
+
+
+def test_op_checks_its_parts():
+    x, w = integer_operands("float8_e4m3", 4, 64, 256)
+    codes, scales = _stream_parts(w)
+    with pytest.raises(ValueError, match="mx_stream_linear: the stream codes"):
+        _op(x, w, (codes[:-16], scales))
+    with pytest.raises(ValueError, match="mx_stream_linear: the stream scales"):
+        _op(x, w, (codes, scales.to(torch.int32)))
+    x128, w128 = integer_operands("float8_e4m3", 4, 64, 128)
+    with pytest.raises(ValueError, match="mx_stream_linear: the stream layout needs"):
+        _op(x128, w128, (codes, scales))
+
+
+def test_op_under_compile_with_dynamic_rows():
+    x, w = integer_operands("float4_e2m1", 3, 64, 256)
+    parts = _stream_parts(w)
+    compiled = torch.compile(lambda a: _op(a, w, parts), dynamic=True, fullgraph=True)
+    for rows in (3, 7):
+        xr = integer_operands("float4_e2m1", rows, 64, 256, seed=rows)[0]
+        torch.testing.assert_close(compiled(xr), reference(xr, w), rtol=0, atol=0)
+
+
+# --- the kernel on an H100 -------------------------------------------------------------------
+
+def _stream(x, w, bias=None, out_dtype=None, config=None):
+    codes, scales = _stream_parts(w)
+    return stream_linear.stream_linear(x, codes, scales, w._scale_e8m0, w._data, w.elem_dtype,
+                                       bias, out_dtype or x.dtype, config)
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("M,N,K", [(1, 64, 256), (2, 128, 384), (16, 192, 1024),
+                                   (17, 64, 1280), (33, 128, 512), (64, 64, 2048)])
+def test_exact_on_exact_sums(fmt, M, N, K):
+    """Whole and partial activation tiles (8, 16, 32, 64 padded rows), 2 to 16 steps, odd slot
+    counts (one consumer warpgroup takes a slot more), with and without bias."""
+    x, w = integer_operands(fmt, M, N, K)
+    bias = torch.randint(-8, 9, (N,)).to(torch.bfloat16).to(DEVICE)
+    torch.testing.assert_close(_stream(x, w, bias), reference(x, w, bias), rtol=0, atol=0)
+    out = _stream(x, w, None, torch.float32)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, x.float() @ w.dequantize(torch.float32).t(), rtol=0, atol=0)
+
+
+@gpu_only
+@settings(max_examples=25, deadline=None)
+@given(fmt=st.sampled_from(FORMATS), M=st.integers(1, 64), tiles=st.integers(1, 3),
+       steps=st.integers(2, 12), stages=st.sampled_from([2, 4, 6]), sub=st.sampled_from([1, 2]),
+       seed=st.integers(0, 99))
+def test_any_config_is_exact(fmt, M, tiles, steps, stages, sub, seed):
+    steps = max(steps - steps % sub, 2 * sub)
+    x, w = integer_operands(fmt, M, 64 * tiles, 128 * steps, seed=seed)
+    cfg = stream_linear.StreamConfig(stages, sub)
+    try:
+        out = _stream(x, w, config=cfg)
+    except ValueError as e:  # that ring does not fit in shared memory at these rows
+        assert "shared memory" in str(e)
+        return
+    torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_random_within_fp32_accumulation(fmt):
+    torch.manual_seed(3)
+    x = torch.randn(7, 1024, dtype=torch.bfloat16, device=DEVICE)
+    w = MXTensor.to_mx(torch.randn(128, 1024, device=DEVICE) * 4, fmt, 32)
+    bias = torch.randn(128, dtype=torch.bfloat16, device=DEVICE)
+    assert_within_fp32_accumulation(_stream(x, w, bias), x, w, bias)
+
+
+def _one_product_per_row(fmt, codes, scales):
+    """W [256, 256] whose row n holds codes[n] at column n with scale byte scales[n] (zeros
+    elsewhere), and x [3, 256] of ones, minus ones and zeros: out[m, n] is one product, exact
+    (or Inf / NaN) whatever the order of the sums."""
+    w = MXTensor.to_mx(torch.zeros(256, 256, device=DEVICE), fmt, 32)
+    n = torch.arange(256)
+    all_codes = torch.zeros(256, 256, dtype=torch.int32)
+    all_codes[n, n] = codes.to(torch.int32)
+    data = pack_codes(all_codes, w.elem_dtype).view(w._data.dtype).to(DEVICE)
+    scale = torch.full_like(w._scale_e8m0, 127)
+    scale[n, n // 32] = scales.to(torch.uint8).to(DEVICE)
+    x = torch.stack([torch.ones(256), -torch.ones(256), torch.zeros(256)]).to(torch.bfloat16)
+    return x.to(DEVICE), w._replace(scale, data)
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_code(fmt):
+    """Every code at every byte (nibble) of a word and every word of a step decodes exactly;
+    NaN and Inf codes poison their words and their CTAs recompute exactly (Inf * 0 is NaN)."""
+    codes = torch.arange(256) % (1 << dtypes.from_name(fmt).bits)
+    x, w = _one_product_per_row(fmt, codes, torch.full((256,), 127))
+    out = _stream(x, w, None, torch.float32)
+    expected = x.float() @ w.dequantize(torch.float32).t()
+    assert expected.isnan().any() == (fmt in FP8)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt,code", [("float8_e4m3", 0x01), ("float8_e4m3", 0x7E),
+                                      ("float8_e5m2", 0x01), ("float8_e5m2", 0x7B),
+                                      ("float4_e2m1", 0x1), ("float4_e2m1", 0x7),
+                                      ("int8", 0x01), ("int8", 0x80)])
+def test_every_scale(fmt, code):
+    """Every scale byte, inside FAST_SCALES (the fast path) and outside (the exact
+    recomputation), for the smallest and the largest codes: 0 (2**-127), 254 and 255 (NaN)."""
+    x, w = _one_product_per_row(fmt, torch.full((256,), code), torch.arange(256))
+    out = _stream(x, w, None, torch.float32)
+    expected = x.float() @ w.dequantize(torch.float32).t()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+    assert out[0, 255].isnan() and out[0, 0] != 0
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt,poison", [(f, p) for f in FP8 for p in ("nan code", "tiny scale",
+                                                                       "huge scale", "nan x")]
+                         + [("float4_e2m1", "huge scale"), ("int8", "tiny scale"),
+                            ("int8", "nan scale")])
+def test_poisoned_words_recompute_their_tile_exactly(fmt, poison):
+    """One word off the fast path among ordinary ones: its CTA recomputes the whole tile
+    exactly, the other outputs of that tile included; the other CTAs are untouched."""
+    x, w = integer_operands(fmt, 16, 256, 512)
+    scale, data = w._scale_e8m0.clone(), w._data.clone()
+    fmt_ = dtypes.from_name(fmt)
+    low, high = FAST_SCALES[fmt_]
+    per_byte = fmt_.codes_per_group // fmt_.bytes_per_group
+    if poison == "nan code":
+        data[70, 100] = 0x7F
+    elif poison.endswith("scale"):  # row 70 keeps only block 3, so its sums stay exact
+        data[70, :96 // per_byte] = 0
+        data[70, 128 // per_byte:] = 0
+        scale[70, 3] = {"tiny scale": low - 1, "huge scale": high + 1, "nan scale": 255}[poison]
+    else:
+        x[5, 300] = float("nan")
+    w = w._replace(scale, data)
+    out = _stream(x, w, None, torch.float32)
+    expected = x.float() @ w.dequantize(torch.float32).t()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+
+
+@gpu_only
+def test_cuda_graph_replay_and_strided_input():
+    x, w = integer_operands("float4_e2m1", 16, 256, 1024)
+    assert_graph_replay_matches_eager(lambda: _stream(x, w))
+    wide = torch.zeros(16, 2048, dtype=torch.bfloat16, device=DEVICE)
+    wide[:, :1024] = x
+    parts = _stream_parts(w)
+    torch.testing.assert_close(_op(wide[:, :1024], w, parts), reference(x, w), rtol=0, atol=0)
+
+
+@gpu_only
+def test_op_runs_the_kernel_for_its_rows(monkeypatch):
+    x, w = integer_operands("float8_e4m3", 8, 128, 512)
+    calls = []
+    real = stream_linear.stream_linear
+    monkeypatch.setattr(stream_linear, "stream_linear",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert op_module.uses_stream_kernel(x, w._scale_e8m0, w.elem_dtype, torch.bfloat16)
+    torch.testing.assert_close(_op(x, w, _stream_parts(w)), reference(x, w), rtol=0, atol=0)
+    assert calls == [1]
+    assert not op_module.uses_stream_kernel(x.half(), w._scale_e8m0, w.elem_dtype, torch.half)
+    assert not op_module.uses_stream_kernel(x[:1], w._scale_e8m0, w.elem_dtype, torch.bfloat16)

@@ -1,0 +1,283 @@
+"""The Gluon kernel of stream_linear.py (device code only; see that module for what it computes).
+
+Gluon is Triton's explicit-layout dialect: this module needs a Triton with
+`triton.experimental.gluon` and its Hopper TMA / wgmma API (Triton 3.6), and its kernels run
+on sm_90 GPUs only (never under Triton's interpreter). stream_linear imports it lazily.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from ._tl_numerics import decode_value, scale_value
+from .mma_linear import _DECODE_E2M1, _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8
+
+KB = gl.constexpr(128)  # codes of a row in one sub-step (stream_layout.STEP_CODES)
+BLOCK = gl.constexpr(32)
+EXACT_K = gl.constexpr(16)  # columns a step of the exact recomputation (half a block)
+DECODE_E4M3 = gl.constexpr(_DECODE_E4M3.value)
+DECODE_E5M2 = gl.constexpr(_DECODE_E5M2.value)
+DECODE_INT8 = gl.constexpr(_DECODE_INT8.value)
+DECODE_E2M1 = gl.constexpr(_DECODE_E2M1.value)
+NAN_BF16X2 = gl.constexpr(0x7FC07FC0)
+
+__all__ = ["stream_linear_kernel"]
+
+
+@gluon.constexpr_function
+def word_layout(S):
+    """Registers of [64 rows, 4 t, S s] words: lane 4 g + t of warp w holds rows 16 w + g and
+    16 w + g + 8, its S words of each in registers (one shared-memory load a row)."""
+    regs = [[0, 0, 1 << j] for j in range(S.bit_length() - 1)] + [[8, 0, 0]]
+    return gl.DistributedLinearLayout(
+        reg_bases=regs, lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, S])
+
+
+@gluon.constexpr_function
+def row_words_layout(S):
+    """word_layout(S) of the words viewed [64 rows, 4 S] (column S t + s), as loaded."""
+    regs = [[0, 1 << j] for j in range(S.bit_length() - 1)] + [[8, 0]]
+    return gl.DistributedLinearLayout(
+        reg_bases=regs, lane_bases=[[0, S], [0, 2 * S], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 4 * S])
+
+
+@gluon.constexpr_function
+def mma_layout(MP):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                     instr_shape=[16, MP, 16])
+
+
+@gluon.jit
+def _loader(w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty, step0, slots,
+            STAGES: gl.constexpr, SUB: gl.constexpr):
+    """One warp: slot i % STAGES gets sub-steps i * SUB .. of the tile once its consumer freed
+    it (empty), and signals `ready` when the bytes have landed."""
+    for i in range(slots):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + x_desc.block_type.nbytes
+                        + s_desc.block_type.nbytes)
+        step = step0 + i * SUB
+        tma.async_copy_global_to_shared(w_desc, [step * 64, 0], ready.index(slot),
+                                        w_smem.index(slot))
+        tma.async_copy_global_to_shared(x_desc, [0, i * SUB * KB], ready.index(slot),
+                                        x_smem.index(slot))
+        tma.async_copy_global_to_shared(s_desc, [step, 0], ready.index(slot), s_smem.index(slot))
+
+
+@gluon.jit
+def _multiplier(words, s, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
+                S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    """bf16x2 bits of each word's multiplier 2**(s - 1) (e2m1), 2**(s - 7) (e4m3), 2**(s - 15)
+    (e5m2) or 2**(s - 133) (MXINT8), s the word's scale byte; NaN (poison) where s is outside
+    [S_MIN, S_MAX] or the word has a NaN / Inf code (fp8: magnitude / exponent all ones)."""
+    fast = (s >= S_MIN) & (s <= S_MAX)
+    if FP4:
+        m = gl.where(fast, (s + 126) * 0x00800080, NAN_BF16X2)
+    elif IS_INT:
+        m = gl.where(fast, (s - 6) * 0x00800080, NAN_BF16X2)
+    else:
+        if E5M2:
+            special = ((words & 0x7C7C7C7C) + 0x04040404) & -2139062144  # 0x80808080
+            m = gl.where(fast & (special == 0), (s + 112) * 0x00800080, NAN_BF16X2)
+        else:
+            special = ((words & 0x7F7F7F7F) + 0x01010101) & -2139062144
+            m = gl.where(fast & (special == 0), (s + 120) * 0x00800080, NAN_BF16X2)
+    return m
+
+
+@gluon.jit
+def _decoded(w_tile, s_row, shift, MP: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr,
+             IS_INT: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    """A sub-step's W tile [64, KB codes] (shared memory) as wgmma's A operand: bf16 registers
+    value * 2**(s - 127), exact (or NaN where the multiplier is poisoned)."""
+    WB: gl.constexpr = KB // 2 if FP4 else KB
+    S: gl.constexpr = WB // 16
+    l3: gl.constexpr = word_layout(S)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(MP),
+                                                 k_width=2)
+    words = w_tile._reinterpret(gl.int32, [64, 4 * S], gl.NVMMASharedLayout(
+        swizzle_byte_width=WB, element_bitwidth=32, rank=2)).load(row_words_layout(S))
+    words = gl.convert_layout(words.reshape([64, 4, S]), l3)  # same registers: no data moves
+    rows = s_row.load(gl.SliceLayout(1, gl.SliceLayout(2, l3)))  # a row's 4 scale bytes
+    s = (rows[:, None, None] >> shift[None, None, :]) & 255
+    m = _multiplier(words, s, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+    if FP4:  # 8 codes a word: nibble 4 o + 2 h + b is code 32 s + 16 o + 8 h + 2 t + b
+        v0, v1, v2, v3, v4, v5, v6, v7 = gl.inline_asm_elementwise(
+            DECODE_E2M1, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 8,
+            is_pure=True, pack=1)
+        t = gl.join(gl.join(gl.join(v0, v1), gl.join(v2, v3)),
+                    gl.join(gl.join(v4, v5), gl.join(v6, v7)))  # [64, t, s, b, h, o]
+        t = t.permute((0, 2, 5, 4, 1, 3))
+    else:  # 4 codes a word: byte 2 h + b is code 16 s + 8 h + 2 t + b
+        if IS_INT:
+            v0, v1, v2, v3 = gl.inline_asm_elementwise(
+                DECODE_INT8, "=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 4,
+                is_pure=True, pack=1)
+        elif E5M2:
+            v0, v1, v2, v3 = gl.inline_asm_elementwise(
+                DECODE_E5M2, "=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 4,
+                is_pure=True, pack=1)
+        else:
+            v0, v1, v2, v3 = gl.inline_asm_elementwise(
+                DECODE_E4M3, "=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 4,
+                is_pure=True, pack=1)
+        t = gl.join(gl.join(v0, v1), gl.join(v2, v3))  # [64, t, s, b, h]
+        t = t.permute((0, 2, 4, 1, 3))
+    return gl.convert_layout(t.reshape([64, KB]), a_layout)  # same registers: no data moves
+
+
+@gluon.jit
+def _slot(acc, w_smem, x_smem, s_smem, slot, shift, FIRST: gl.constexpr, MP: gl.constexpr,
+          SUB: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
+          S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    """acc plus the products of one ring slot's SUB sub-steps."""
+    scale_words = s_smem.index(slot)._reinterpret(gl.int32, [SUB * 64],
+                                                  gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    for u in gl.static_range(SUB):
+        a = _decoded(w_smem.index(slot).slice(64 * u, 64), scale_words.slice(64 * u, 64),
+                     shift, MP, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+        x_t = x_smem.index(slot).slice(KB * u, KB, dim=1).permute((1, 0))
+        if FIRST and u == 0:
+            acc = warpgroup_mma(a, x_t, acc, use_acc=False, is_async=True)
+        else:
+            acc = warpgroup_mma(a, x_t, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc
+
+
+@gluon.jit
+def _consume(c: gl.constexpr, w_smem, x_smem, s_smem, ready, empty, slots, MP: gl.constexpr,
+             STAGES: gl.constexpr, SUB: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr,
+             IS_INT: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    """Consumer warpgroup c (0, 1) takes slots c, c + 2, ...; returns its fp32 partial [64, MP]
+    of out^T. The first slot is peeled so that its wgmma (use_acc off) defines the accumulator:
+    a zero-initialised one reaching the loop's exit on a zero-trip path made ptxas serialize
+    every wgmma. Each wgmma is waited for at once: with the next step's A registers decoded
+    while it ran, ptxas serialized them for lack of registers (the other warpgroup fills the
+    gap)."""
+    S: gl.constexpr = KB // 32 if FP4 else KB // 16
+    s_index = gl.arange(0, S, layout=gl.SliceLayout(0, gl.SliceLayout(1, word_layout(S))))
+    shift = (s_index % 4) * 8 if FP4 else ((s_index // 2) % 4) * 8  # word s's block's byte
+    mbarrier.wait(ready.index(c), 0)
+    acc = _slot(gl.zeros([64, MP], gl.float32, mma_layout(MP)), w_smem, x_smem, s_smem, c,
+                shift, True, MP, SUB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+    mbarrier.arrive(empty.index(c))
+    for j in range(1, (slots - c + 1) // 2):
+        i = c + 2 * j
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        acc = _slot(acc, w_smem, x_smem, s_smem, slot, shift, False, MP, SUB, FP4, E5M2, IS_INT,
+                    S_MIN, S_MAX)
+        mbarrier.arrive(empty.index(slot))
+    return acc
+
+
+@gluon.jit
+def _consume_first(w_smem, x_smem, s_smem, ready, empty, slots, MP: gl.constexpr,
+                   STAGES: gl.constexpr, SUB: gl.constexpr, FP4: gl.constexpr,
+                   E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
+                   S_MAX: gl.constexpr):
+    return (_consume(0, w_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB, FP4, E5M2,
+                     IS_INT, S_MIN, S_MAX),)
+
+
+@gluon.jit
+def _consume_second(w_smem, x_smem, s_smem, ready, empty, partial, done, slots,
+                    MP: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr,
+                    FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
+                    S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    acc = _consume(1, w_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB, FP4, E5M2,
+                   IS_INT, S_MIN, S_MAX)
+    partial.store(acc)
+    mbarrier.arrive(done)
+
+
+@gluon.jit
+def _exact_tile(x_ptr, w_ptr, s_ptr, n0, M, K, stride_xm, stride_wn, stride_sn,
+                MP: gl.constexpr, CPG: gl.constexpr, IS_INT: gl.constexpr, BITS: gl.constexpr,
+                MBITS: gl.constexpr, HAS_INF: gl.constexpr, HAS_NAN: gl.constexpr,
+                LSB: gl.constexpr, TO_VALUE: gl.constexpr):
+    """The tile's sums [64, MP] from the standard layout, W decoded exactly in fp32 (NaN and Inf
+    codes, any scale byte) and fp32 products and sums (FMA), EXACT_K columns at a time in K
+    order."""
+    L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])
+    rows = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, L))
+    k = gl.arange(0, EXACT_K, layout=gl.SliceLayout(0, L))
+    m = gl.arange(0, MP, layout=gl.SliceLayout(0, L))
+    kx = gl.arange(0, EXACT_K, layout=gl.SliceLayout(1, L))
+    acc = gl.zeros([64, MP], gl.float32, L)
+    for k0 in range(0, K, EXACT_K):
+        cols = k0 + k
+        codes = gl.load(w_ptr + rows[:, None] * stride_wn + (cols // CPG)[None, :]).to(gl.int32)
+        if CPG == 2:  # code 2 i in the low nibble of byte i
+            codes = (codes >> (4 * (cols % 2))[None, :]) & 0xF
+        scale = scale_value(gl.load(s_ptr + rows * stride_sn + k0 // BLOCK).to(gl.int32))
+        w = decode_value(codes, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE) \
+            * scale[:, None]
+        x_t = gl.load(x_ptr + m[None, :] * stride_xm + (k0 + kx)[:, None],
+                      mask=(m[None, :] < M) & (kx[:, None] < EXACT_K), other=0.0)
+        acc = gl.dot_fma(gl.convert_layout(w, gl.DotOperandLayout(0, L, 0)),
+                         gl.convert_layout(x_t.to(gl.float32), gl.DotOperandLayout(1, L, 0)),
+                         acc)
+    return acc
+
+
+@gluon.jit
+def stream_linear_kernel(w_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, M, K,
+                         stride_xm, stride_wn, stride_sn, stride_om, MP: gl.constexpr,
+                         STAGES: gl.constexpr, SUB: gl.constexpr, HAS_BIAS: gl.constexpr,
+                         E5M2: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr,
+                         IS_INT: gl.constexpr, BITS: gl.constexpr, MBITS: gl.constexpr,
+                         HAS_INF: gl.constexpr, HAS_NAN: gl.constexpr, LSB: gl.constexpr,
+                         TO_VALUE: gl.constexpr, CPG: gl.constexpr):
+    """out[:M, 64 tile ..] = x @ W[64 tile ..].T (+ bias), rounded once to out's dtype, for one
+    64-row tile of W: a TMA loader warp and two consumer warpgroups (stream_linear.py)."""
+    FP4: gl.constexpr = CPG == 2
+    tile = gl.program_id(0)
+    steps = K // KB
+    w_smem = gl.allocate_shared_memory(gl.uint8, [STAGES] + w_desc.block_type.shape,
+                                       w_desc.layout)
+    x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape,
+                                       x_desc.layout)
+    s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES] + s_desc.block_type.shape,
+                                       s_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    partial = gl.allocate_shared_memory(gl.float32, [64, MP],
+                                        gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    for j in gl.static_range(STAGES):
+        mbarrier.init(ready.index(j), count=1)
+        mbarrier.init(empty.index(j), count=1)
+    mbarrier.init(done, count=1)
+    slots = steps // SUB
+    acc = gl.warp_specialize([
+        (_consume_first, (w_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB, FP4,
+                          E5M2, IS_INT, S_MIN, S_MAX)),
+        (_consume_second, (w_smem, x_smem, s_smem, ready, empty, partial, done, slots, MP,
+                           STAGES, SUB, FP4, E5M2, IS_INT, S_MIN, S_MAX)),
+        (_loader, (w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty, tile * steps,
+                   slots, STAGES, SUB)),
+    ], [4, 1], [152, 40])[0]
+    mbarrier.wait(done, 0)
+    acc = acc + partial.load(mma_layout(MP))
+    # A poisoned word made its products NaN; Inf / NaN sums have other causes too (x,
+    # overflow). Either way the exact recomputation gives the contract's result.
+    bad = ((acc != acc) | (gl.abs(acc) == float("inf"))).to(gl.int32)
+    if gl.max(gl.max(bad, axis=1), axis=0) > 0:
+        acc = gl.convert_layout(
+            _exact_tile(x_ptr, w_ptr, s_ptr, tile * 64, M, K, stride_xm, stride_wn, stride_sn,
+                        MP, CPG, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE),
+            mma_layout(MP))
+    n = tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_layout(MP)))
+    m = gl.arange(0, MP, layout=gl.SliceLayout(0, mma_layout(MP)))
+    if HAS_BIAS:
+        acc = acc + gl.load(bias_ptr + n).to(gl.float32)[:, None]
+    gl.store(out_ptr + m[None, :] * stride_om + n[:, None], acc.to(out_ptr.dtype.element_ty),
+             mask=(m[None, :] < M) & (n[:, None] >= 0))
+
+

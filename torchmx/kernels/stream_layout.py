@@ -1,0 +1,106 @@
+"""The stream layout: a copy of an MX weight that `stream_linear` reads as one run per step.
+
+`stream_linear` (kernels/stream_linear.py) gives each 64-row tile of W [N, K] one CTA, which
+streams the tile's steps (64 rows x 128 codes: 128 bytes a row for one-byte codes, 64 for fp4)
+through a shared-memory ring by TMA and takes W as wgmma's A operand from registers. `pack`
+lays W out so that:
+
+- each step of each tile is one contiguous run (one TMA box), the steps of a tile in K order:
+
+      codes  [N / 64, K / 128, 64 rows, WORDS words of 4 bytes]       WORDS = 32 (one-byte), 16
+      scales [N / 64, K / 128, 64 rows, 4 blocks]                      4 scale bytes a row
+
+- within a row, word `S t + s` (t in 0..3, s in 0..S-1, S = WORDS / 4) holds the codes that lane
+  `4 g + t` of the wgmma A fragment needs from that row, in wgmma's K order:
+
+      one-byte codes (S = 8): byte 2 h + b of word (t, s) = code 16 s + 8 h + 2 t + b
+      fp4 (S = 4): nibble 4 o + 2 h + b of word (t, s) = code 32 s + 16 o + 8 h + 2 t + b
+                   (byte 2 o + h: its low nibble b = 0, high nibble b = 1)
+
+so a lane reads its S words of a row with one 16-byte (one-byte codes: 32-byte) shared-memory
+load and decodes them straight into its A registers. Word s lies in block s // 2 (one-byte
+codes) or s (fp4) of its step. The layout is a permutation of bytes (fp4 bytes keep their two
+codes): the kernel decodes exactly the standard layout's values.
+
+Only blocks of 32 (the OCP MX block), out_features a multiple of 64 and in_features a multiple
+of 128 with at least two steps (one for each of the kernel's two consumer warpgroups): `fits`.
+"""
+
+from typing import Tuple
+
+import torch
+
+from .. import dtypes
+
+__all__ = ["BLOCK", "CHUNK", "FORMATS", "STEP_CODES", "describe", "fits", "pack", "step_bytes",
+           "unpack"]
+
+BLOCK = 32
+CHUNK = 64  # rows of a tile
+STEP_CODES = 128  # codes of a row in one step
+FORMATS = (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8, dtypes.float4_e2m1)
+# TMA coordinates are 32-bit: the codes' rows (N / 64 * K / 128 steps of 64) must index in them.
+_MAX_STEP_ROWS = 2 ** 31
+
+
+def step_bytes(fmt: dtypes.DType) -> int:
+    """Bytes of a row in one step: 128 one-byte codes or 64 bytes of fp4 pairs."""
+    return STEP_CODES * fmt.bytes_per_group // fmt.codes_per_group
+
+
+def describe() -> str:
+    """What `fits` asks, in words (for error messages)."""
+    return (f"{', '.join(f.name for f in FORMATS)} in blocks of {BLOCK}, out_features a "
+            f"multiple of {CHUNK} and in_features a multiple of {STEP_CODES}, at least "
+            f"{2 * STEP_CODES}")
+
+
+def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int) -> bool:
+    """Whether a weight [out_features, in_features] of this format has a stream layout."""
+    return (fmt in FORMATS and block_size == BLOCK and out_features > 0
+            and out_features % CHUNK == 0 and in_features % STEP_CODES == 0
+            and in_features >= 2 * STEP_CODES
+            and out_features * in_features // STEP_CODES < _MAX_STEP_ROWS)
+
+
+def _row_step_shape(fmt: dtypes.DType) -> Tuple[int, int, int]:
+    """A row's step as bytes [S (s), J, 4 (t), B]: one-byte codes (8, 2 (h), 2 (b)), fp4
+    (4, 4 (2 o + h), 1): byte (s, j, t, b) goes to word (t, s), byte j B + b."""
+    return (4, 4, 1) if fmt == dtypes.float4_e2m1 else (8, 2, 2)
+
+
+def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
+         ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the stream layout's
+    (codes, scales): flat uint8 copies on data's device."""
+    N = data.shape[0] if data.dim() == 2 else 0
+    K = data.shape[1] * fmt.codes_per_group // fmt.bytes_per_group if data.dim() == 2 else 0
+    if (not fits(fmt, BLOCK, N, K) or tuple(scale.shape) != (N, K // BLOCK)
+            or scale.dtype != torch.uint8 or data.dtype not in (torch.uint8, torch.int8)):
+        raise ValueError(f"stream_layout.pack: needs the parts (data [N, packed K] uint8 or "
+                         f"int8, scale [N, K / {BLOCK}] uint8) of a weight of {describe()}, got "
+                         f"{fmt.name} data {data.dtype} {tuple(data.shape)} and scale "
+                         f"{scale.dtype} {tuple(scale.shape)}")
+    S, J, B = _row_step_shape(fmt)
+    nb, steps = N // CHUNK, K // STEP_CODES
+    codes = data.view(torch.uint8).reshape(nb, CHUNK, steps, S, J, 4, B)
+    codes = codes.permute(0, 2, 1, 5, 3, 4, 6)  # nb step row | t s j b
+    scales = scale.reshape(nb, CHUNK, steps, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
+    return codes.reshape(-1).contiguous(), scales.reshape(-1).contiguous()
+
+
+def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_features: int,
+           in_features: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of `pack`: (scale [N, K / 32], data [N, packed K]) uint8."""
+    N, K = out_features, in_features
+    if (not fits(fmt, BLOCK, N, K)
+            or codes.shape != (N * K * fmt.bytes_per_group // fmt.codes_per_group,)
+            or scales.shape != (N * K // BLOCK,)):
+        raise ValueError(f"stream_layout.unpack: codes and scales must be pack's of a "
+                         f"{fmt.name} weight [{out_features}, {in_features}] of {describe()}, "
+                         f"got shapes {tuple(codes.shape)} and {tuple(scales.shape)}")
+    S, J, B = _row_step_shape(fmt)
+    nb, steps = N // CHUNK, K // STEP_CODES
+    data = codes.reshape(nb, steps, CHUNK, 4, S, J, B).permute(0, 2, 1, 4, 5, 3, 6)
+    scale = scales.reshape(nb, steps, CHUNK, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
+    return scale.reshape(N, K // BLOCK).contiguous(), data.reshape(N, -1).contiguous()

@@ -1,0 +1,206 @@
+"""x [M, K] @ W.T for 1..64 activation rows and an MXFP4, MXFP8 (e4m3 / e5m2) or MXINT8 weight W
+[N, K] in the stream layout (stream_layout.py), on Hopper (sm_90): one CTA per 64-row tile of
+W, streaming the whole of K with no split-K.
+
+Few-row products are bound by reading W once. The split-K kernels (mma_linear,
+fragment_matmul) give each tile several programs and hand their fp32 partials over at the
+end; this kernel gives each tile one CTA (N / 64 CTAs: 128 for N = 8192) that keeps the SM's
+memory pipe full on its own, written in Gluon (Triton's explicit-layout dialect, _gl_stream.py)
+because Triton's language cannot express its warp roles:
+
+- a loader warp brings each step's W codes (one contiguous run of the stream layout), x^T
+  [M padded to MP, 128 codes a sub-step] and the scale bytes into a STAGES-slot shared-memory
+  ring by TMA (rows of x past M read as zeros);
+- two consumer warpgroups take the ring's slots in turn. Each lane loads its words of a row
+  (one 16- or 32-byte shared-memory load), decodes them into exactly its wgmma A registers
+  with mma_linear's decode (value * 2**(s - 127) in bf16, exact for the scale bytes of
+  FAST_SCALES) and runs wgmma (W from registers, x^T from shared memory, "swap AB": out^T =
+  W x^T) into its own fp32 accumulator;
+- the two accumulators are added inside the CTA (through shared memory), the bias added in
+  fp32 and the sum rounded once to the output dtype.
+
+Numerics are those of kernels/matmul.py: exact bf16 products, fp32 sums, one rounding. A word
+the decode cannot take exactly (a scale byte outside FAST_SCALES, an e4m3 NaN code, an e5m2 Inf
+or NaN code) gets a NaN multiplier; a CTA whose sums end up NaN or Inf, from such a word or
+otherwise (x, overflow), recomputes its tile from the standard layout with exact fp32 decodes
+and fp32 FMA sums, which gives the contract's result, NaN and Inf included. Ordinary weights
+never take that path.
+
+Gluon kernels do not run under Triton's interpreter: on the CPU the tests compile the kernel
+for sm_90 (and check that ptxas keeps the wgmmas asynchronous) and check the layout; the bits
+are checked on an H100.
+"""
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .. import dtypes
+from ..numerics import arguments as args
+from . import stream_layout
+from .byte_gemv import _aligned
+from .matmul import _format_constants, _interpreting
+from .mma_linear import FAST_SCALES
+from .triton_backend import device_capability
+
+__all__ = ["StreamConfig", "available", "check_parts", "default_config", "eligible",
+           "kernel_arguments", "stream_linear", "usable_on"]
+
+# Ring slots and sub-steps a slot by codes a packed group (1: one-byte codes, 2: fp4), from
+# H100 sweeps at N = K = 8192 and 1, 16 and 64 rows (benchmarks/bench_stream_linear.py,
+# docs/performance.md); fewer slots where they do not fit in shared memory (fp4 at 64 rows).
+_PREFERRED = {1: (6, 1), 2: (6, 2)}
+# sm_90's shared memory a CTA (227 KiB), less room for the barriers and Gluon's scratch.
+_SHARED_BYTES = 227 * 1024 - 2048
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """`stages` ring slots (even: each slot always serves the same consumer warpgroup), each
+    holding `sub` sub-steps of 128 codes of the tile's 64 rows."""
+    stages: int
+    sub: int
+
+    def __post_init__(self):
+        if self.stages < 2 or self.stages % 2 or self.sub not in (1, 2):
+            raise ValueError(f"StreamConfig: stages must be an even number >= 2 and sub 1 or "
+                             f"2, got {self}")
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """Whether this Triton has Gluon with its Hopper TMA and wgmma API (Triton 3.6)."""
+    try:
+        from . import _gl_stream  # noqa: F401
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def usable_on(device: torch.device) -> bool:
+    """An sm_90 GPU, Gluon, and not Triton's interpreter (which cannot run Gluon)."""
+    return (device.type == "cuda" and not _interpreting() and device_capability(device) == (9, 0)
+            and available())
+
+
+def _rows_padded(M: int) -> int:
+    """wgmma's N: the activation rows padded (TMA reads the rows past M as zeros). Up to 8
+    rows, n8 tiles halve x's shared-memory traffic of n16 ones, which made MXFP4 at 1..7 rows
+    about 2 us slower than at 8 (H100, N = K = 8192)."""
+    return 8 if M <= 8 else (16 if M <= 16 else (32 if M <= 32 else 64))
+
+
+def _slot_bytes(fmt: dtypes.DType, MP: int, sub: int) -> int:
+    """W codes, x^T (bf16) and scale bytes of a slot."""
+    return sub * (64 * stream_layout.step_bytes(fmt) + MP * stream_layout.STEP_CODES * 2
+                  + 64 * stream_layout.STEP_CODES // stream_layout.BLOCK)
+
+
+def default_config(fmt: dtypes.DType, M: int, K: int) -> StreamConfig:
+    """`_PREFERRED`'s ring for the format: its sub-steps a slot where K has an even number of
+    steps (at least four), else one; as many of its slots as shared memory holds beside the
+    fp32 partial [64, MP]."""
+    if fmt not in stream_layout.FORMATS or not 1 <= M <= 64:
+        raise ValueError(f"stream_linear.default_config: takes "
+                         f"{', '.join(f.name for f in stream_layout.FORMATS)} weights and 1..64 "
+                         f"rows, got {fmt.name} and M={M}")
+    stages, sub = _PREFERRED[fmt.codes_per_group]
+    steps = K // stream_layout.STEP_CODES
+    if steps % 2 or steps < 4:
+        sub = 1
+    MP = _rows_padded(M)
+    while stages > 2 and stages * _slot_bytes(fmt, MP, sub) + 64 * MP * 4 > _SHARED_BYTES:
+        stages -= 2
+    return StreamConfig(stages, sub)
+
+
+def eligible(x: torch.Tensor, fmt: dtypes.DType, N: int, K: int) -> bool:
+    """Whether `stream_linear` takes x with a weight [N, K] of this format: 1..64 contiguous
+    bf16 rows [M, K], 16-byte aligned (TMA), a weight that has a stream layout
+    (stream_layout.fits, blocks of 32), on an sm_90 GPU with Gluon."""
+    return (x.dim() == 2 and 1 <= x.shape[0] <= 64 and x.shape[1] == K
+            and x.dtype == torch.bfloat16 and x.is_contiguous() and _aligned(x)
+            and stream_layout.fits(fmt, stream_layout.BLOCK, N, K) and usable_on(x.device))
+
+
+def check_parts(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, N: int, K: int,
+                device: torch.device, op: str = "stream_linear") -> None:
+    """ValueError unless (codes, scales) are stream_layout.pack's of a weight [N, K] of this
+    format: contiguous 1-d uint8 tensors on `device`, 16-byte aligned (TMA)."""
+    if not stream_layout.fits(fmt, stream_layout.BLOCK, N, K):
+        raise ValueError(f"{op}: the stream layout needs a weight of {stream_layout.describe()}, "
+                         f"got {fmt.name} [{N}, {K}]")
+    args.check_flat_part(codes, f"{op}: the stream codes", N * K // stream_layout.STEP_CODES
+                         * stream_layout.step_bytes(fmt), torch.uint8, device, 16,
+                         "stream_layout.pack")
+    args.check_flat_part(scales, f"{op}: the stream scales", N * K // stream_layout.BLOCK,
+                         torch.uint8, device, 16, "stream_layout.pack")
+
+
+def stream_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                  w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
+                  bias: Optional[torch.Tensor], out_dtype: torch.dtype,
+                  config: Optional[StreamConfig] = None) -> torch.Tensor:
+    """x [M, K] @ W.T + bias (contiguous, [N]), rounded once to out_dtype, for the weight W [N,
+    K] given in the stream layout (codes, scales: stream_layout.pack's) and in the standard one
+    (w_scale [N, K / 32], w_data [N, packed K], unit stride along K: read only to recompute a
+    tile exactly)."""
+    from ._gl_stream import stream_linear_kernel
+    N = w_data.shape[0] if w_data.dim() == 2 else 0
+    K = x.shape[-1]
+    if not eligible(x, fmt, N, K):
+        raise ValueError(f"stream_linear: needs 1..64 contiguous, 16-byte aligned bf16 rows and "
+                         f"a weight of {stream_layout.describe()} on an sm_90 GPU with Gluon, "
+                         f"got x {x.dtype} {tuple(x.shape)} on {x.device} and a {fmt.name} "
+                         f"weight [{N}, {K}]")
+    if w_data.stride(-1) != 1 or w_scale.stride(-1) != 1 or tuple(w_scale.shape) != (N, K // 32):
+        raise ValueError(f"stream_linear: the standard parts must have unit stride along K and "
+                         f"scale bytes [{N}, {K // 32}], got data strides {w_data.stride()}, "
+                         f"scale {tuple(w_scale.shape)} with strides {w_scale.stride()}")
+    check_parts(codes, scales, fmt, N, K, x.device)
+    out = torch.empty((x.shape[0], N), dtype=out_dtype, device=x.device)
+    grid, arguments, constants = kernel_arguments(x, codes, scales, w_scale, w_data, fmt, bias,
+                                                  out, config)
+    stream_linear_kernel[grid](*arguments, **constants)
+    return out
+
+
+def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias, out,
+                     config: Optional[StreamConfig] = None):
+    """(grid, arguments, constexprs) of stream_linear_kernel for these operands (checked by
+    the caller): TMA descriptors of the stream codes, x and the stream scales, then the
+    standard parts, bias and out. The tests compile the kernel for sm_90 from these on the CPU."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    (M, K), N = x.shape, out.shape[1]
+    cfg = config or default_config(fmt, M, K)
+    steps = K // stream_layout.STEP_CODES
+    if steps % cfg.sub or steps // cfg.sub < 2:
+        raise ValueError(f"stream_linear: config {cfg} needs K / 128 = {steps} to be a multiple "
+                         f"of sub with at least two slots' worth")
+    MP = _rows_padded(M)
+    if cfg.stages * _slot_bytes(fmt, MP, cfg.sub) + 64 * MP * 4 > _SHARED_BYTES:
+        raise ValueError(f"stream_linear: config {cfg} needs more shared memory than sm_90 has "
+                         f"at {MP} padded rows")
+    wb = stream_layout.step_bytes(fmt)
+    sb = stream_layout.STEP_CODES // stream_layout.BLOCK * 64  # scale bytes of a step
+    codes2, scales2 = codes.view(-1, wb), scales.view(-1, sb)
+    w_box, x_box = [64 * cfg.sub, wb], [MP, stream_layout.STEP_CODES * cfg.sub]
+    descriptors = (
+        TensorDescriptor(codes2, list(codes2.shape), [wb, 1], w_box,
+                         gl.NVMMASharedLayout.get_default_for(w_box, gl.uint8)),
+        TensorDescriptor(x, [M, K], [K, 1], x_box,
+                         gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16)),
+        TensorDescriptor(scales2, list(scales2.shape), [sb, 1], [cfg.sub, sb],
+                         gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8,
+                                              rank=2)))
+    low, high = FAST_SCALES[fmt]
+    arguments = (*descriptors, x, w_data.view(torch.uint8), w_scale,
+                 bias if bias is not None else out, out, M, K, x.stride(0), w_data.stride(0),
+                 w_scale.stride(0), out.stride(0))
+    constants = dict(MP=MP, STAGES=cfg.stages, SUB=cfg.sub, HAS_BIAS=bias is not None,
+                     E5M2=fmt == dtypes.float8_e5m2, S_MIN=low, S_MAX=high, num_warps=4,
+                     **_format_constants(fmt))
+    return (N // stream_layout.CHUNK,), arguments, constants
