@@ -3,7 +3,8 @@
     python benchmarks/bench_stream_linear.py        # needs an sm_90 GPU and Triton with Gluon
 
 Checks first: every format through the kernel and through torch.ops.torchmx.mx_stream_linear
-(the op that MXInferenceLinear.prepack() layers call; it runs the kernel for 2..64 rows)
+(the op that MXInferenceLinear.prepack() layers call; it runs the kernel for 1 (MXFP4) or 2
+..64 rows and weights whose tiles fill the GPU's waves)
 against the exact product, bit for bit on operands whose sums are exact. Then, at N = K =
 8192, by CUDA-graph replays over 8 weight copies (microseconds per call):
 
@@ -63,7 +64,9 @@ def check_all():
             b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
             p = parts(w)
             check(kernel_call(x, w, p, b), x, w, b, f"stream {fmt.name} {M}x{N}x{K}")
-            assert stream_op.uses_stream_kernel(x, w._scale_e8m0, fmt, torch.bfloat16) == (M > 1)
+            runs = ((M > 1 or fmt == dtypes.float4_e2m1)
+                    and stream_linear.fills_waves(N, x.device))
+            assert stream_op.uses_stream_kernel(x, w._scale_e8m0, fmt, torch.bfloat16) == runs
             check(stream_op_call(x, w, p, b), x, w, b, f"op {fmt.name} {M}x{N}x{K}")
         g = torch.Generator(device="cuda").manual_seed(1)
         x = torch.randint(-4, 5, (16, 1024), device="cuda", generator=g).to(torch.bfloat16)

@@ -16,7 +16,8 @@ import torch
 
 from torchmx import dtypes
 from torchmx.config import MXConfig, QLinearConfig
-from torchmx.kernels import fragment_layout as fl, piece_layout as pl, stream_layout as sl
+from torchmx.kernels import (fragment_layout as fl, piece_layout as pl, stream_layout as sl,
+                             stream_linear)
 from torchmx.mx_ops import weight_matmul
 from torchmx.nn import MXInferenceLinear, inference_linear, prepack_weights
 
@@ -31,8 +32,10 @@ FORMATS = ["float4_e2m1", "float8_e4m3", "int8", "float6_e3m2"]
 @pytest.fixture(autouse=True, params=[False, True], ids=["fragment-piece", "stream"])
 def stream_copies(request, monkeypatch):
     """Whether prepack() makes stream copies where they fit (on an H100 with Gluon it does by
-    default; on CPU, under the interpreter, it does not)."""
-    monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda: request.param)
+    default for weights that fill the GPU's waves; on the CPU it does not)."""
+    monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda *_: request.param)
+    # the kernel's wave policy would send these small layers to the usual path
+    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", 0.0)
     return request.param
 
 
@@ -228,7 +231,7 @@ def test_prepacked_layer_compiles(fmt):
 @pytest.mark.parametrize("fmt,name", [("float4_e2m1", "fragment"), ("int8", "piece")])
 def test_layers_pickled_before_the_stream_layout_keep_their_copy(fmt, name, monkeypatch):
     """A layer prepacked (fragment or piece copy) and pickled before `_fragment_layout` existed."""
-    monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda: False)
+    monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda *_: False)
     layer = _layer(fmt=fmt).prepack()
     state = layer.__getstate__()
     state.pop("_fragment_layout")
@@ -237,3 +240,18 @@ def test_layers_pickled_before_the_stream_layout_keep_their_copy(fmt, name, monk
     assert old.prepacked and old._fragment_layout == name
     x = torch.randint(-4, 5, (2, 256)).to(torch.bfloat16).to(DEVICE)
     torch.testing.assert_close(old(x), reference(x, layer.weight, layer.bias), rtol=0, atol=0)
+
+
+def test_prepack_makes_stream_copies_on_hopper_for_weights_that_fill_the_waves(monkeypatch):
+    """The default policy (the fixture's patch undone): an sm_90 GPU with Gluon, and out_features
+    whose 64-row tiles fill the SMs' waves."""
+    monkeypatch.undo()
+    if CUDA and not HOPPER:
+        pytest.skip("the policy is for sm_90")
+    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: 2)
+    expected = HOPPER and stream_linear.available()
+    assert inference_linear._stream_layout_wanted(128, torch.device(DEVICE)) is expected
+    assert not inference_linear._stream_layout_wanted(192, torch.device(DEVICE))  # 3 tiles of 4
+    assert not inference_linear._stream_layout_wanted(128, torch.device("cpu"))
+    layer = _layer(fmt="float8_e4m3").prepack()
+    assert layer._fragment_layout == ("stream" if expected else "piece")

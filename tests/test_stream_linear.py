@@ -28,6 +28,13 @@ gpu_only = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on sm_90
 needs_gluon = pytest.mark.skipif(not stream_linear.available(), reason="this Triton has no Gluon")
 
 
+@pytest.fixture(autouse=True)
+def any_tile_count(monkeypatch):
+    """The op runs the kernel for weights of any tile count here (small ones, fast to test);
+    test_wave_policy checks the real policy."""
+    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", 0.0)
+
+
 def _random_parts(fmt, N, K, seed=0):
     g = torch.Generator().manual_seed(seed)
     data = torch.randint(0, 256, (N, K * fmt.bytes_per_group // fmt.codes_per_group),
@@ -142,6 +149,16 @@ def test_config_errors():
         stream_linear.default_config(dtypes.float8_e4m3, 65, 1024)
     with pytest.raises(ValueError, match="float6_e2m3"):
         stream_linear.default_config(dtypes.float6_e2m3, 16, 1024)
+
+
+@pytest.mark.parametrize("tiles,sms,fills", [
+    (128, 132, True), (132, 132, True), (256, 132, True), (64, 132, False), (16, 132, False),
+    (224, 132, False), (0, 132, False), (9, 8, False), (15, 8, True), (8, 8, True)])
+def test_wave_policy(tiles, sms, fills, monkeypatch):
+    """No split-K: the kernel is chosen where W's 64-row tiles fill >= 90% of their waves."""
+    monkeypatch.undo()
+    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: sms)
+    assert stream_linear.fills_waves(64 * tiles, torch.device("cpu")) is fills
 
 
 # --- the kernel compiled for sm_90 (no GPU needed) ------------------------------------------
@@ -360,3 +377,7 @@ def test_op_runs_the_kernel_for_its_rows(monkeypatch):
     assert calls == [1]
     assert not op_module.uses_stream_kernel(x.half(), w._scale_e8m0, w.elem_dtype, torch.half)
     assert not op_module.uses_stream_kernel(x[:1], w._scale_e8m0, w.elem_dtype, torch.bfloat16)
+    assert op_module.uses_stream_kernel(x[:1], w._scale_e8m0, dtypes.float4_e2m1,
+                                        torch.bfloat16)  # MXFP4: one row too
+    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", 0.9)
+    assert not op_module.uses_stream_kernel(x, w._scale_e8m0, w.elem_dtype, torch.bfloat16)

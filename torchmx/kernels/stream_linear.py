@@ -41,12 +41,12 @@ from .. import dtypes
 from ..numerics import arguments as args
 from . import stream_layout
 from .byte_gemv import _aligned
-from .matmul import _format_constants, _interpreting
+from .matmul import _format_constants, _interpreting, _sm_count
 from .mma_linear import FAST_SCALES
 from .triton_backend import device_capability
 
 __all__ = ["StreamConfig", "available", "check_parts", "default_config", "eligible",
-           "kernel_arguments", "stream_linear", "usable_on"]
+           "fills_waves", "kernel_arguments", "stream_linear", "usable_on"]
 
 # Ring slots and sub-steps a slot by codes a packed group (1: one-byte codes, 2: fp4), from
 # H100 sweeps at N = K = 8192 and 1, 16 and 64 rows (benchmarks/bench_stream_linear.py,
@@ -54,6 +54,11 @@ __all__ = ["StreamConfig", "available", "check_parts", "default_config", "eligib
 _PREFERRED = {1: (6, 1), 2: (6, 2)}
 # sm_90's shared memory a CTA (227 KiB), less room for the barriers and Gluon's scratch.
 _SHARED_BYTES = 227 * 1024 - 2048
+# One CTA a 64-row tile and one CTA an SM, with no split-K: the kernel pays off only where the
+# tiles fill their waves of SMs. At N = 8192 (128 tiles on an H100's 132 SMs) it beat the
+# split-K kernels at every row count; in Llama-3-8B's decode (N = 1024, 4096 and 14336: 16, 64
+# and 224 tiles) it made the step slower (benchmarks/decode_llama.py, docs/performance.md).
+MIN_WAVE_FILL = 0.9
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,13 @@ def usable_on(device: torch.device) -> bool:
     """An sm_90 GPU, Gluon, and not Triton's interpreter (which cannot run Gluon)."""
     return (device.type == "cuda" and not _interpreting() and device_capability(device) == (9, 0)
             and available())
+
+
+def fills_waves(N: int, device: torch.device) -> bool:
+    """Whether W's N / 64 tiles fill at least MIN_WAVE_FILL of the waves of one CTA an SM that
+    they take on `device`: where the stream kernel is the fastest few-row kernel."""
+    tiles, sms = N // stream_layout.CHUNK, _sm_count(device)
+    return tiles > 0 and tiles >= MIN_WAVE_FILL * sms * -(-tiles // sms)
 
 
 def _rows_padded(M: int) -> int:

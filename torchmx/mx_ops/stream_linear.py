@@ -6,7 +6,8 @@ stream layout (torchmx/kernels/stream_layout.py).
         = mx_weight_linear(input, weight_scale, weight_data, elem_dtype_name, 32, in_features,
                            bias, out_dtype)
 
-On a Hopper GPU (sm_90) with Gluon, for bf16 input with STREAM_ROWS activation rows, it runs
+On a Hopper GPU (sm_90) with Gluon, for bf16 input with STREAM_ROWS activation rows and a
+weight whose 64-row tiles fill the GPU's waves (stream_linear.fills_waves), it runs
 stream_linear on the copy (one CTA per 64-row tile, no split-K); otherwise the standard-layout
 parts take the usual path (mx_weight_linear). Both are the exact product, fp32 accumulation
 and one rounding (the fp32 summation orders can differ, so can the last bits), so the choice
@@ -28,9 +29,9 @@ __all__ = ["mx_stream_linear", "STREAM_ROWS", "uses_stream_kernel"]
 
 # Activation rows for which the stream kernel runs, by codes a packed group (1: MXFP8 and
 # MXINT8, 2: MXFP4), from H100 timings at N = K = 8192 against the kernels it replaces
-# (benchmarks/bench_stream_linear.py, docs/performance.md): one row is as fast (MXFP4) or
-# faster (one-byte codes) in byte_gemv's one-row kernels on the standard layout.
-STREAM_ROWS = {1: range(2, 65), 2: range(2, 65)}
+# (benchmarks/bench_stream_linear.py, docs/performance.md): one row of one-byte codes is
+# faster in byte_gemv's one-row kernel on the standard layout.
+STREAM_ROWS = {1: range(2, 65), 2: range(1, 65)}
 
 
 def uses_stream_kernel(input: Tensor, weight_scale: Tensor, fmt: dtypes.DType,
@@ -56,7 +57,8 @@ def _stream_rows(input: Tensor, weight_scale: Tensor, fmt: dtypes.DType,
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
     N, K = weight_scale.shape[0], input.shape[-1]
-    return x if stream_linear.eligible(x, fmt, N, K) else None
+    return (x if stream_linear.eligible(x, fmt, N, K) and stream_linear.fills_waves(N, x.device)
+            else None)
 
 
 @torch.library.custom_op("torchmx::mx_stream_linear", mutates_args=())

@@ -17,7 +17,6 @@ from torch import nn
 from .. import dtypes
 from ..config import QLinearConfig
 from ..kernels import fragment_layout, piece_layout, stream_layout, stream_linear
-from ..kernels.matmul import _interpreting
 from ..mx_ops.fragment_linear import mx_fp4_fragment_linear  # noqa: F401 - registers the op
 from ..mx_ops.piece_linear import mx_piece_linear  # noqa: F401 - registers the op
 from ..mx_ops.stream_linear import mx_stream_linear  # noqa: F401 - registers the op
@@ -82,22 +81,24 @@ def _packed_linear(x, weight_mx, bias, activations_config, fragment):
 _LAYOUT_NAMES = {stream_layout: "stream", fragment_layout: "fragment", piece_layout: "piece"}
 
 
-def _stream_layout_wanted() -> bool:
-    """Whether prepack() makes stream-layout copies: where this Triton has Gluon (and not under
-    Triton's interpreter, which cannot run the stream kernel: there the fragment and piece
-    kernels run instead)."""
-    return stream_linear.available() and not _interpreting()
+def _stream_layout_wanted(out_features: int, device: torch.device) -> bool:
+    """Whether prepack() makes a stream-layout copy of a weight with out_features rows on
+    `device`: an sm_90 GPU where Triton has Gluon, with the weight's 64-row tiles filling the
+    GPU's waves (stream_linear.fills_waves; the kernel has no split-K). Elsewhere the fragment
+    and piece kernels are the faster."""
+    return stream_linear.usable_on(device) and stream_linear.fills_waves(out_features, device)
 
 
-def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int):
-    """The layout module whose copy prepack() makes for this layer (stream_layout where
-    _stream_layout_wanted; else fragment_layout for MXFP4 and piece_layout for the other
+def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
+                    device: torch.device):
+    """The layout module whose copy prepack() makes for this layer on `device` (stream_layout
+    where _stream_layout_wanted; else fragment_layout for MXFP4 and piece_layout for the other
     formats), or None where none fits."""
     fmt, block = qconfig.weights_config.elem_dtype, qconfig.weights_config.block_size
     if qconfig.activations_config is not None:
         return None
     layouts = (fragment_layout, piece_layout)  # MXFP4: fragments, the faster
-    if _stream_layout_wanted():
+    if _stream_layout_wanted(out_features, device):
         layouts = (stream_layout,) + layouts
     for layout in layouts:
         if layout.fits(fmt, block, out_features, in_features):
@@ -218,10 +219,11 @@ class MXInferenceLinear(nn.Module):
         """Add a copy of the weight laid out for Hopper's tensor cores and return self.
 
         Forward then multiplies bf16 inputs of few rows on an sm_90 GPU (H100 / H200) with a
-        kernel that reads the copy. For MXFP4, MXFP8 and MXINT8, where Triton has Gluon
-        (Triton 3.6), the stream layout (torchmx/kernels/stream_layout.py; 1 to 64 rows; in
-        features a multiple of 128, at least 256); otherwise, and for the shapes it does not
-        take, for MXFP4 the fragment layout (torchmx/kernels/fragment_layout.py, 2 to 64
+        kernel that reads the copy. For MXFP4, MXFP8 and MXINT8 weights on an sm_90 GPU where
+        Triton has Gluon (Triton 3.6), the stream layout (torchmx/kernels/stream_layout.py;
+        1 to 64 rows for MXFP4, 2 to 64 for the others; in features a multiple of 128, at
+        least 256; out features whose 64-row tiles fill the GPU's waves, such as 8192 on an
+        H100); otherwise, and for the shapes it does not take, for MXFP4 the fragment layout (torchmx/kernels/fragment_layout.py, 2 to 64
         rows) and for the other formats the piece layout (torchmx/kernels/piece_layout.py;
         2 to 64 rows, fp6 1 to 32). All are faster than the standard layout's kernels
         (docs/matmul.md). Other inputs take the usual path, with the same numerics (exact
@@ -238,7 +240,8 @@ class MXInferenceLinear(nn.Module):
             raise ValueError(f"{self._describe()}.prepack(): the prepacked kernels multiply "
                              "unquantized activations; this layer quantizes them "
                              "(activations_config is set)")
-        layout = _prepack_layout(self.qconfig, self.out_features, self.in_features)
+        layout = _prepack_layout(self.qconfig, self.out_features, self.in_features,
+                                 self.weight_data.device)
         if layout is None:
             raise ValueError(
                 f"{self._describe()}.prepack(): no prepacked layout for {cfg.elem_dtype.name} "
@@ -357,7 +360,8 @@ def prepack_weights(model: nn.Module) -> List[str]:
     names = []
     for name, module in model.named_modules():
         if (isinstance(module, MXInferenceLinear)
-                and _prepack_layout(module.qconfig, module.out_features, module.in_features)):
+                and _prepack_layout(module.qconfig, module.out_features, module.in_features,
+                                    module.weight_data.device)):
             module.prepack()
             names.append(name)
     return names
