@@ -223,14 +223,15 @@ class MXInferenceLinear(nn.Module):
         Triton has Gluon (Triton 3.6), the stream layout (torchmx/kernels/stream_layout.py;
         1 to 64 rows for MXFP4, 2 to 64 for the others; in features a multiple of 128, at
         least 256; out features whose 64-row tiles fill the GPU's waves, such as 8192 on an
-        H100); otherwise, and for the shapes it does not take, for MXFP4 the fragment layout (torchmx/kernels/fragment_layout.py, 2 to 64
-        rows) and for the other formats the piece layout (torchmx/kernels/piece_layout.py;
-        2 to 64 rows, fp6 1 to 32). All are faster than the standard layout's kernels
-        (docs/matmul.md). Other inputs take the usual path, with the same numerics (exact
-        products, fp32 sums, one rounding). Needs a weight-only config (no
-        activations_config) with weights in blocks of 32, out_features a multiple of 64 and
-        in_features of 64 (fp4, one-byte formats) or 128 (fp6). The copy costs the weight's
-        bytes again. It is not saved in the state dict and follows
+        H100). Otherwise, and for the shapes it does not take: for MXFP4 the fragment layout
+        (torchmx/kernels/fragment_layout.py, 2 to 64 rows), for the other formats the piece
+        layout (torchmx/kernels/piece_layout.py; 2 to 64 rows, fp6 1 to 32). All are faster
+        than the standard layout's kernels (docs/matmul.md). Other inputs take the usual path,
+        with the same numerics (exact products, fp32 sums, one rounding). Needs a weight-only
+        config (no activations_config) with weights in blocks of 32, out_features a multiple
+        of 64 and in_features of 64 (fp4, one-byte formats) or 128 (fp6). The copy costs the
+        weight's bytes again. Its layout is chosen for the weight's device when prepack() runs
+        (and again when a state dict is loaded). It is not saved in the state dict and follows
         .to(device). It is rebuilt when a state dict is loaded, and by an eager forward after
         the weight buffers were written or replaced; under torch.compile that check is not
         traced, so call prepack() again after changing the weight of a compiled model.
