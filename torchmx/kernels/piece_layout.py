@@ -24,6 +24,7 @@ from typing import Tuple
 import torch
 
 from .. import dtypes
+from ..numerics import arguments as args
 from .mma_linear import CHUNK, FAST_SCALES, UNITS
 
 __all__ = ["CHUNK", "FORMATS", "describe", "fits", "pack", "unpack", "unit"]
@@ -62,14 +63,8 @@ def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
          ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the piece layout's
     (codes, scales): flat uint8 copies on data's device."""
-    N = data.shape[0] if data.dim() == 2 else 0
-    K = data.shape[1] * fmt.codes_per_group // fmt.bytes_per_group if data.dim() == 2 else 0
-    if (not fits(fmt, BLOCK, N, K) or tuple(scale.shape) != (N, K // BLOCK)
-            or scale.dtype != torch.uint8 or data.dtype not in (torch.uint8, torch.int8)):
-        raise ValueError(f"piece_layout.pack: needs the parts (data [N, packed K] uint8 or int8, "
-                         f"scale [N, K / {BLOCK}] uint8) of a weight of {describe()}, got "
-                         f"{fmt.name} data {data.dtype} {tuple(data.shape)} and scale "
-                         f"{scale.dtype} {tuple(scale.shape)}")
+    N, K = args.check_weight_parts(scale, data, fmt, BLOCK, fits, describe(),
+                                   "piece_layout.pack")
     nb, kb, piece, blocks = _dims(fmt, N, K)
     codes = data.view(torch.uint8).reshape(nb, 4, 2, 8, kb, 4, piece)  # nb w a g | kb t | byte
     scales = scale.reshape(nb, 4, 2, 8, kb, blocks)                    # nb w a g | kb blk

@@ -31,6 +31,7 @@ from typing import Tuple
 import torch
 
 from .. import dtypes
+from ..numerics import arguments as args
 
 __all__ = ["BLOCK", "CHUNK", "FORMATS", "STEP_CODES", "describe", "fits", "pack", "step_bytes",
            "unpack"]
@@ -73,14 +74,8 @@ def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
          ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the stream layout's
     (codes, scales): flat uint8 copies on data's device."""
-    N = data.shape[0] if data.dim() == 2 else 0
-    K = data.shape[1] * fmt.codes_per_group // fmt.bytes_per_group if data.dim() == 2 else 0
-    if (not fits(fmt, BLOCK, N, K) or tuple(scale.shape) != (N, K // BLOCK)
-            or scale.dtype != torch.uint8 or data.dtype not in (torch.uint8, torch.int8)):
-        raise ValueError(f"stream_layout.pack: needs the parts (data [N, packed K] uint8 or "
-                         f"int8, scale [N, K / {BLOCK}] uint8) of a weight of {describe()}, got "
-                         f"{fmt.name} data {data.dtype} {tuple(data.shape)} and scale "
-                         f"{scale.dtype} {tuple(scale.shape)}")
+    N, K = args.check_weight_parts(scale, data, fmt, BLOCK, fits, describe(),
+                                   "stream_layout.pack")
     S, J, B = _row_step_shape(fmt)
     nb, steps = N // CHUNK, K // STEP_CODES
     codes = data.view(torch.uint8).reshape(nb, CHUNK, steps, S, J, 4, B)

@@ -4,7 +4,7 @@ Every user mistake becomes a ValueError or TypeError that names the argument and
 allows (DESIGN.md section 5), before any arithmetic runs.
 """
 
-from typing import Optional, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 
@@ -44,6 +44,23 @@ def check_flat_part(t, arg: str, numel: int, dtype: torch.dtype, device: torch.d
                          f"{device} (from {made_by}), got {got}")
     if t.device.type != "meta" and t.data_ptr() % alignment:  # the kernels' vector loads
         raise ValueError(f"{arg} must be {alignment}-byte aligned (a fresh tensor is)")
+
+
+def check_weight_parts(scale, data, fmt: dtypes.DType, block_size: int,
+                       fits: Callable[[dtypes.DType, int, int, int], bool], layout: str,
+                       op: str) -> Tuple[int, int]:
+    """(N, K) of an MX weight's standard parts (codes `data` [N, packed K] uint8 or int8, scale
+    bytes `scale` [N, K / block_size] uint8); ValueError naming `op` unless they are that and
+    `fits(fmt, block_size, N, K)` (a prepacked layout's condition, `layout` in words)."""
+    N = data.shape[0] if data.dim() == 2 else 0
+    K = data.shape[1] * fmt.codes_per_group // fmt.bytes_per_group if data.dim() == 2 else 0
+    if (not fits(fmt, block_size, N, K) or tuple(scale.shape) != (N, K // block_size)
+            or scale.dtype != torch.uint8 or data.dtype not in (torch.uint8, torch.int8)):
+        raise ValueError(f"{op}: needs the parts (data [N, packed K] uint8 or int8, scale "
+                         f"[N, K / {block_size}] uint8) of a weight of {layout}, got "
+                         f"{fmt.name} data {data.dtype} {tuple(data.shape)} and scale "
+                         f"{scale.dtype} {tuple(scale.shape)}")
+    return N, K
 
 
 def check_high_precision_input(data_hp, arg: str = "data_hp") -> torch.Tensor:
