@@ -1,9 +1,10 @@
 """Operands and checks shared by the MX matmul tests (test_mx_weight_matmul.py,
-test_mx_matmul_large.py, test_byte_gemv.py, test_mma_linear.py)."""
+test_mx_matmul_large.py, test_byte_gemv.py, test_mma_linear.py, test_stream_linear.py)."""
 
 import torch
 
 from torchmx import MXTensor
+from torchmx.numerics.packing import pack_codes
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -24,6 +25,22 @@ def reference(x, w, bias=None):
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
+
+
+def one_product_per_row(fmt, codes, scales):
+    """W [256, 256] whose row n holds codes[n] at column n with scale byte scales[n] (zeros
+    elsewhere), and x [3, 256] of ones, minus ones and zeros: out[m, n] is one product, exact
+    (or Inf / NaN) whatever the order of the sums."""
+    w = MXTensor.to_mx(torch.zeros(256, 256, device=DEVICE), fmt, 32)
+    n = torch.arange(256, device=DEVICE)
+    all_codes = torch.zeros(256, 256, dtype=torch.int32)
+    all_codes[n.cpu(), n.cpu()] = codes.to(torch.int32)
+    data = pack_codes(all_codes, w.elem_dtype).view(w._data.dtype).to(DEVICE)
+    scale = torch.full_like(w._scale_e8m0, 127)
+    scale[n, n // 32] = scales.to(torch.uint8).to(DEVICE)
+    w = w._replace(scale, data)
+    x = torch.stack([torch.ones(256), -torch.ones(256), torch.zeros(256)]).to(torch.bfloat16)
+    return x.to(DEVICE), w
 
 
 def assert_within_fp32_accumulation(out, x, w, bias=None):

@@ -17,11 +17,11 @@ from hypothesis import given, settings, strategies as st
 from torchmx import MXTensor, dtypes
 from torchmx.kernels import mma_linear, matmul as km, piece_layout
 from torchmx.mx_ops import weight_matmul
-from torchmx.numerics.packing import pack_codes
 
 from covering import all_pairs
 from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
-                             assert_within_fp32_accumulation, integer_operands, reference)
+                             assert_within_fp32_accumulation, integer_operands,
+                             one_product_per_row, reference)
 
 CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
@@ -100,29 +100,13 @@ def test_random_within_fp32_accumulation(fmt):
     assert_within_fp32_accumulation(_mma(x, w, bias, MmaConfig(1, 2, 2)), x, w, bias)
 
 
-def _one_product_per_row(fmt, codes, scales):
-    """W [256, 256] whose row n holds codes[n] at column n with scale byte scales[n] (zeros
-    elsewhere), and x [3, 256] of ones, minus ones and zeros: out[m, n] is one product, exact
-    (or Inf / NaN) whatever the order of the sums."""
-    w = MXTensor.to_mx(torch.zeros(256, 256, device=DEVICE), fmt, 32)
-    n = torch.arange(256, device=DEVICE)
-    all_codes = torch.zeros(256, 256, dtype=torch.int32)
-    all_codes[n.cpu(), n.cpu()] = codes.to(torch.int32)
-    data = pack_codes(all_codes, w.elem_dtype).view(w._data.dtype).to(DEVICE)
-    scale = torch.full_like(w._scale_e8m0, 127)
-    scale[n, n // 32] = scales.to(torch.uint8).to(DEVICE)
-    w = w._replace(scale, data)
-    x = torch.stack([torch.ones(256), -torch.ones(256), torch.zeros(256)]).to(torch.bfloat16)
-    return x.to(DEVICE), w
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_code(fmt):
     """Every code decodes exactly (NaN codes to NaN, e5m2's Inf codes to Inf, and Inf * 0 to
     NaN), at every byte (and nibble) of a word and every piece of a step; the programs that
     meet a NaN or Inf code recompute their tiles exactly."""
     codes = torch.arange(256) % (1 << dtypes.from_name(fmt).bits)
-    x, w = _one_product_per_row(fmt, codes, torch.full((256,), 127))
+    x, w = one_product_per_row(fmt, codes, torch.full((256,), 127))
     out = _mma(x, w, None, MmaConfig(1, 2, 2), torch.float32)
     expected = x.float() @ w.dequantize(torch.float32).t()
     assert expected.isnan().any() == (fmt in FP8) and expected.isinf().any() == (fmt == FP8[1])
@@ -143,7 +127,7 @@ def test_every_scale(fmt, code):
     end of FAST_SCALES: below it its product leaves bf16's range), a middle one and the
     largest (the upper end: the multiplier leaves bf16's normal range): 0 (2**-127), 254 and
     255 (NaN)."""
-    x, w = _one_product_per_row(fmt, torch.full((256,), code), torch.arange(256))
+    x, w = one_product_per_row(fmt, torch.full((256,), code), torch.arange(256))
     out = _mma(x, w, None, MmaConfig(2, 2, 1), torch.float32)
     expected = x.float() @ w.dequantize(torch.float32).t()
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)

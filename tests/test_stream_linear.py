@@ -19,7 +19,8 @@ from torchmx.mx_ops import stream_linear as op_module
 from torchmx.numerics.packing import pack_codes, unpack_codes
 
 from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
-                             assert_within_fp32_accumulation, integer_operands, reference)
+                             assert_within_fp32_accumulation, integer_operands,
+                             one_product_per_row, reference)
 
 FORMATS = ["float8_e4m3", "float8_e5m2", "int8", "float4_e2m1"]
 FP8 = FORMATS[:2]
@@ -285,28 +286,13 @@ def test_random_within_fp32_accumulation(fmt):
     assert_within_fp32_accumulation(_stream(x, w, bias), x, w, bias)
 
 
-def _one_product_per_row(fmt, codes, scales):
-    """W [256, 256] whose row n holds codes[n] at column n with scale byte scales[n] (zeros
-    elsewhere), and x [3, 256] of ones, minus ones and zeros: out[m, n] is one product, exact
-    (or Inf / NaN) whatever the order of the sums."""
-    w = MXTensor.to_mx(torch.zeros(256, 256, device=DEVICE), fmt, 32)
-    n = torch.arange(256)
-    all_codes = torch.zeros(256, 256, dtype=torch.int32)
-    all_codes[n, n] = codes.to(torch.int32)
-    data = pack_codes(all_codes, w.elem_dtype).view(w._data.dtype).to(DEVICE)
-    scale = torch.full_like(w._scale_e8m0, 127)
-    scale[n, n // 32] = scales.to(torch.uint8).to(DEVICE)
-    x = torch.stack([torch.ones(256), -torch.ones(256), torch.zeros(256)]).to(torch.bfloat16)
-    return x.to(DEVICE), w._replace(scale, data)
-
-
 @gpu_only
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_code(fmt):
     """Every code at every byte (nibble) of a word and every word of a step decodes exactly;
     NaN and Inf codes poison their words and their CTAs recompute exactly (Inf * 0 is NaN)."""
     codes = torch.arange(256) % (1 << dtypes.from_name(fmt).bits)
-    x, w = _one_product_per_row(fmt, codes, torch.full((256,), 127))
+    x, w = one_product_per_row(fmt, codes, torch.full((256,), 127))
     out = _stream(x, w, None, torch.float32)
     expected = x.float() @ w.dequantize(torch.float32).t()
     assert expected.isnan().any() == (fmt in FP8)
@@ -321,7 +307,7 @@ def test_every_code(fmt):
 def test_every_scale(fmt, code):
     """Every scale byte, inside FAST_SCALES (the fast path) and outside (the exact
     recomputation), for the smallest and the largest codes: 0 (2**-127), 254 and 255 (NaN)."""
-    x, w = _one_product_per_row(fmt, torch.full((256,), code), torch.arange(256))
+    x, w = one_product_per_row(fmt, torch.full((256,), code), torch.arange(256))
     out = _stream(x, w, None, torch.float32)
     expected = x.float() @ w.dequantize(torch.float32).t()
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
