@@ -11,7 +11,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from ._tl_numerics import decode_value, scale_value
-from .mma_linear import _DECODE_E2M1, _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8
+from .mma_linear import _DECODE_E2M1, _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _multiplier
 
 KB = gl.constexpr(128)  # codes of a row in one sub-step (stream_layout.STEP_CODES)
 BLOCK = gl.constexpr(32)
@@ -20,7 +20,6 @@ DECODE_E4M3 = gl.constexpr(_DECODE_E4M3.value)
 DECODE_E5M2 = gl.constexpr(_DECODE_E5M2.value)
 DECODE_INT8 = gl.constexpr(_DECODE_INT8.value)
 DECODE_E2M1 = gl.constexpr(_DECODE_E2M1.value)
-NAN_BF16X2 = gl.constexpr(0x7FC07FC0)
 
 __all__ = ["stream_linear_kernel"]
 
@@ -69,27 +68,6 @@ def _loader(w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty, step0,
 
 
 @gluon.jit
-def _multiplier(words, s, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
-                S_MIN: gl.constexpr, S_MAX: gl.constexpr):
-    """bf16x2 bits of each word's multiplier 2**(s - 1) (e2m1), 2**(s - 7) (e4m3), 2**(s - 15)
-    (e5m2) or 2**(s - 133) (MXINT8), s the word's scale byte; NaN (poison) where s is outside
-    [S_MIN, S_MAX] or the word has a NaN / Inf code (fp8: magnitude / exponent all ones)."""
-    fast = (s >= S_MIN) & (s <= S_MAX)
-    if FP4:
-        m = gl.where(fast, (s + 126) * 0x00800080, NAN_BF16X2)
-    elif IS_INT:
-        m = gl.where(fast, (s - 6) * 0x00800080, NAN_BF16X2)
-    else:
-        if E5M2:
-            special = ((words & 0x7C7C7C7C) + 0x04040404) & -2139062144  # 0x80808080
-            m = gl.where(fast & (special == 0), (s + 112) * 0x00800080, NAN_BF16X2)
-        else:
-            special = ((words & 0x7F7F7F7F) + 0x01010101) & -2139062144
-            m = gl.where(fast & (special == 0), (s + 120) * 0x00800080, NAN_BF16X2)
-    return m
-
-
-@gluon.jit
 def _decoded(w_tile, s_row, shift, MP: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr,
              IS_INT: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
     """A sub-step's W tile [64, KB codes] (shared memory) as wgmma's A operand: bf16 registers
@@ -104,7 +82,9 @@ def _decoded(w_tile, s_row, shift, MP: gl.constexpr, FP4: gl.constexpr, E5M2: gl
     words = gl.convert_layout(words.reshape([64, 4, S]), l3)  # same registers: no data moves
     rows = s_row.load(gl.SliceLayout(1, gl.SliceLayout(2, l3)))  # a row's 4 scale bytes
     s = (rows[:, None, None] >> shift[None, None, :]) & 255
-    m = _multiplier(words, s, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+    # mma_linear's multipliers: a NaN / Inf code poisons all S words of its row and lane
+    # (the reduction runs along s), which only widens what the exact recomputation covers
+    m = _multiplier(words, s, E5M2, IS_INT, S_MIN, S_MAX, 2 if FP4 else 1, 0)
     if FP4:  # 8 codes a word: nibble 4 o + 2 h + b is code 32 s + 16 o + 8 h + 2 t + b
         v0, v1, v2, v3, v4, v5, v6, v7 = gl.inline_asm_elementwise(
             DECODE_E2M1, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 8,
