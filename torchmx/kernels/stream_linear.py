@@ -21,7 +21,8 @@ because Triton's language cannot express its warp roles:
 
 Numerics are those of kernels/matmul.py: exact bf16 products, fp32 sums, one rounding. A word
 the decode cannot take exactly (a scale byte outside FAST_SCALES, an e4m3 NaN code, an e5m2 Inf
-or NaN code) gets a NaN multiplier; a CTA whose sums end up NaN or Inf, from such a word or
+or NaN code) gets a NaN multiplier (mma_linear._multiplier; a NaN or Inf code poisons all of its
+lane's words of that row); a CTA whose sums end up NaN or Inf, from such a word or
 otherwise (x, overflow), recomputes its tile from the standard layout with exact fp32 decodes
 and fp32 FMA sums, which gives the contract's result, NaN and Inf included. Ordinary weights
 never take that path.
