@@ -57,11 +57,21 @@ def test_pack_unpack_round_trip(fmt, N, K):
     assert torch.equal(back_scale, scale) and torch.equal(back_data, data)
 
 
+def _fp4_register(words, r):
+    """What the kernel's fp4 decode (stream_layout's docstring) makes of words (int64, 32 bits)
+    for register r, before scaling: bf16 pair bit patterns."""
+    rotl = lambda w, k: ((w << k) | (w >> (32 - k))) & 0xFFFFFFFF  # noqa: E731
+    spread = [words, rotl(words, 10), rotl(words, 13), ((words & 0x001B001B) * 0x1084)][r]
+    return spread & 0x81C081C0
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_code_lands_where_the_kernel_reads_it(fmt):
-    """Code (n, k) sits in word S t + s, byte or nibble j, of its row's step, with (t, s, j)
-    from the module docstring's formula, computed here element by element; scale byte (n, b)
-    is byte b % 4 of the row's step b // 4."""
+    """Code (n, k) sits in word S t + s of its row's step, with (t, s) from the module
+    docstring's formula, computed here element by element: one-byte codes as byte 2 h + b,
+    fp4 codes where the kernel's decode of register 2 o + h finds them (sign at bit 15, the
+    magnitude at bits 8..6, + 16 for b = 1). Scale byte (n, b) is byte b % 4 of the row's
+    step b // 4."""
     fmt = dtypes.from_name(fmt)
     N, K = 128, 512
     scale, data = _random_parts(fmt, N, K, seed=1)
@@ -70,21 +80,41 @@ def test_every_code_lands_where_the_kernel_reads_it(fmt):
     logical = unpack_codes(data, fmt, K).to(torch.int64)  # [N, K]
     n, k = torch.meshgrid(torch.arange(N), torch.arange(K), indexing="ij")
     step, c = k // 128, k % 128
-    b, t = c % 2, (c // 2) % 4
-    if fp4:  # code 32 s + 16 o + 8 h + 2 t + b at nibble 4 o + 2 h + b of word (t, s)
-        h, o, s = (c // 8) % 2, (c // 16) % 2, c // 32
-        words_a_row, nibble = 16, 4 * o + 2 * h + b
-    else:  # code 16 s + 8 h + 2 t + b at byte 2 h + b of word (t, s)
-        h, s = (c // 8) % 2, c // 16
-        words_a_row, nibble = 32, 2 * (2 * h + b)
+    b, t, h = c % 2, (c // 2) % 4, (c // 8) % 2
+    if fp4:  # code 32 s + 16 o + 8 h + 2 t + b
+        o, s = (c // 16) % 2, c // 32
+        words_a_row = 16
+    else:  # code 16 s + 8 h + 2 t + b
+        s = c // 16
+        words_a_row = 32
     word = ((n // 64 * (K // 128) + step) * 64 + n % 64) * words_a_row + (words_a_row // 4) * t + s
-    as_words = codes.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    bits = 4 if fp4 else 8
-    found = (as_words[word] >> (bits * (nibble if fp4 else nibble // 2))) & ((1 << bits) - 1)
-    assert torch.equal(found, logical & ((1 << bits) - 1))
+    as_words = (codes.view(torch.int32).to(torch.int64) & 0xFFFFFFFF)[word]
+    if fp4:
+        found = torch.zeros_like(logical)
+        for r in range(4):
+            half = (_fp4_register(as_words, r) >> (16 * b)) & 0xFFFF
+            code = (half >> 15) << 3 | (half >> 6) & 7
+            found = torch.where(2 * o + h == r, code, found)
+        assert torch.equal(found, logical & 0xF)
+    else:
+        assert torch.equal((as_words >> (8 * (2 * h + b))) & 0xFF, logical & 0xFF)
     nb, blk = torch.meshgrid(torch.arange(N), torch.arange(K // 32), indexing="ij")
     at = ((nb // 64 * (K // 128) + blk // 4) * 64 + nb % 64) * 4 + blk % 4
     assert torch.equal(scales[at], scale)
+
+
+def test_unpack_takes_codes_at_any_storage_offset():
+    fmt = dtypes.float4_e2m1
+    scale, data = _random_parts(fmt, 64, 256, seed=2)
+    codes, scales = sl.pack(scale, data, fmt)
+    shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), codes])[1:]
+    assert shifted.storage_offset() == 1
+    assert torch.equal(sl.unpack(shifted, scales, fmt, 64, 256)[1], data)
+
+
+def test_fp4_bits_cover_each_word_once():
+    bits = sorted(bit for pair in sl.FP4_BITS for code in pair for bit in code)
+    assert bits == list(range(32))
 
 
 def test_golden_order_of_a_row():
@@ -98,9 +128,11 @@ def test_golden_order_of_a_row():
                                   120, 121, 2, 3, 10, 11, 18, 19, 26, 27]
     fp4 = sl.pack(torch.zeros(N, K // 32, dtype=torch.uint8),
                   pack_codes(cols % 16, dtypes.float4_e2m1), dtypes.float4_e2m1)[0]
-    # word (t=0, s=0): codes 0, 1 | 8, 9 | 16, 17 | 24, 25 (mod 16), low nibble first
-    assert [hex(v) for v in fp4[:8].tolist()] == ["0x10", "0x98", "0x10", "0x98",
-                                                   "0x10", "0x98", "0x10", "0x98"]
+    # word (t=0, s=0): codes (r, b) = 16 o + 8 h + b (mod 16), r = 2 o + h: 0, 1 | 8, 9 |
+    # 0, 1 | 8, 9. Set bits: m of (0, 1) at 22; sign of (1, 0) at 5, sign and m of (1, 1) at
+    # 21, 12; m of (2, 1) at 9; sign of (3, 0) at 3, sign and m of (3, 1) at 19, 20
+    assert [hex(v) for v in fp4[:8].tolist()] == ["0x28", "0x12", "0x78", "0x0",
+                                                   "0x28", "0x12", "0x78", "0x0"]
 
 
 @pytest.mark.parametrize("fmt,block,N,K,fits", [

@@ -11,7 +11,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from ._tl_numerics import decode_value, scale_value
-from .mma_linear import _DECODE_E2M1, _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _multiplier
+from .mma_linear import _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _multiplier
 
 KB = gl.constexpr(128)  # codes of a row in one sub-step (stream_layout.STEP_CODES)
 BLOCK = gl.constexpr(32)
@@ -19,7 +19,26 @@ EXACT_K = gl.constexpr(16)  # columns a step of the exact recomputation (half a 
 DECODE_E4M3 = gl.constexpr(_DECODE_E4M3.value)
 DECODE_E5M2 = gl.constexpr(_DECODE_E5M2.value)
 DECODE_INT8 = gl.constexpr(_DECODE_INT8.value)
-DECODE_E2M1 = gl.constexpr(_DECODE_E2M1.value)
+# A word of fp4 codes in the stream layout (stream_layout.FP4_BITS) and its multiplier ->
+# its four bf16 pairs: each register's bits (sign, then the magnitude as a bf16 denormal's
+# exponent and mantissa bits) masked into place in one or two instructions, then scaled.
+DECODE_E2M1 = gl.constexpr("""{ .reg .b32 r1, r2, r3, x0, x1, x2, x3;
+and.b32 x0, $8, 0x81C081C0;
+shf.l.wrap.b32 r1, $8, $8, 10;
+and.b32 x1, r1, 0x81C081C0;
+shf.l.wrap.b32 r2, $8, $8, 13;
+and.b32 x2, r2, 0x81C081C0;
+and.b32 r3, $8, 0x001B001B;
+mul.lo.u32 r3, r3, 0x1084;
+and.b32 x3, r3, 0x81C081C0;
+mul.rn.bf16x2 x0, x0, $9;
+mul.rn.bf16x2 x1, x1, $9;
+mul.rn.bf16x2 x2, x2, $9;
+mul.rn.bf16x2 x3, x3, $9;
+mov.b32 {$0, $1}, x0;
+mov.b32 {$2, $3}, x1;
+mov.b32 {$4, $5}, x2;
+mov.b32 {$6, $7}, x3; }""")
 
 __all__ = ["stream_linear_kernel"]
 
@@ -68,24 +87,45 @@ def _loader(w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty, step0,
 
 
 @gluon.jit
-def _decoded(w_tile, s_row, shift, MP: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr,
-             IS_INT: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
-    """A sub-step's W tile [64, KB codes] (shared memory) as wgmma's A operand: bf16 registers
-    value * 2**(s - 127), exact (or NaN where the multiplier is poisoned)."""
+def _words(w_tile, s_row, FP4: gl.constexpr):
+    """A sub-step's W tile [64, KB codes] (shared memory) as each lane's words [64, 4, S] of
+    its rows (one shared-memory load a row), and the rows' scale bytes (4 a row, one a block)."""
     WB: gl.constexpr = KB // 2 if FP4 else KB
     S: gl.constexpr = WB // 16
     l3: gl.constexpr = word_layout(S)
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(MP),
-                                                 k_width=2)
     words = w_tile._reinterpret(gl.int32, [64, 4 * S], gl.NVMMASharedLayout(
         swizzle_byte_width=WB, element_bitwidth=32, rank=2)).load(row_words_layout(S))
     words = gl.convert_layout(words.reshape([64, 4, S]), l3)  # same registers: no data moves
-    rows = s_row.load(gl.SliceLayout(1, gl.SliceLayout(2, l3)))  # a row's 4 scale bytes
+    return words, s_row.load(gl.SliceLayout(1, gl.SliceLayout(2, l3)))
+
+
+@gluon.jit
+def _halves(words):
+    """words [64, 4, S] -> (words[..., :S / 2], words[..., S / 2:]): the codes of the first
+    and second half of the sub-step's K (registers only)."""
+    S: gl.constexpr = words.shape[2]
+    return gl.split(words.reshape([64, 4, 2, S // 2]).permute((0, 1, 3, 2)))
+
+
+@gluon.jit
+def _decoded(words, rows, half: gl.constexpr, MP: gl.constexpr, FP4: gl.constexpr,
+             E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
+             S_MAX: gl.constexpr):
+    """Half `half` of a sub-step's words [64, 4, S / 2] as wgmma's A operand [64, KB / 2]: bf16
+    registers value * 2**(s - 127), exact (or NaN where the multiplier is poisoned)."""
+    SH: gl.constexpr = words.shape[2]
+    layout: gl.constexpr = words.type.layout
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(MP),
+                                                 k_width=2)
+    s_index = gl.arange(0, SH, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout))) + half * SH
+    shift = (s_index % 4) * 8 if FP4 else ((s_index // 2) % 4) * 8  # word s's block's byte
+    rows = gl.convert_layout(rows, gl.SliceLayout(1, gl.SliceLayout(2, layout)))  # no moves
     s = (rows[:, None, None] >> shift[None, None, :]) & 255
-    # mma_linear's multipliers: a NaN / Inf code poisons all S words of its row and lane
-    # (the reduction runs along s), which only widens what the exact recomputation covers
+    # mma_linear's multipliers: a NaN / Inf code poisons all of its lane's words of the row in
+    # this half (the reduction runs along s), which only widens what the exact recomputation
+    # covers
     m = _multiplier(words, s, E5M2, IS_INT, S_MIN, S_MAX, 2 if FP4 else 1, 0)
-    if FP4:  # 8 codes a word: nibble 4 o + 2 h + b is code 32 s + 16 o + 8 h + 2 t + b
+    if FP4:  # code (r, b) = 32 s + 16 o + 8 h + 2 t + b with r = 2 o + h (stream_layout)
         v0, v1, v2, v3, v4, v5, v6, v7 = gl.inline_asm_elementwise(
             DECODE_E2M1, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 8,
             is_pure=True, pack=1)
@@ -107,26 +147,40 @@ def _decoded(w_tile, s_row, shift, MP: gl.constexpr, FP4: gl.constexpr, E5M2: gl
                 is_pure=True, pack=1)
         t = gl.join(gl.join(v0, v1), gl.join(v2, v3))  # [64, t, s, b, h]
         t = t.permute((0, 2, 4, 1, 3))
-    return gl.convert_layout(t.reshape([64, KB]), a_layout)  # same registers: no data moves
+    return gl.convert_layout(t.reshape([64, KB // 2]), a_layout)  # same registers
 
 
 @gluon.jit
-def _slot(acc, w_smem, x_smem, s_smem, slot, shift, FIRST: gl.constexpr, MP: gl.constexpr,
+def _half_mma(acc, words, rows, x_half, half: gl.constexpr, FIRST: gl.constexpr,
+              MP: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
+              S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    """Issues (not waits for) the wgmma of one half of a sub-step: acc + W_half x_half^T."""
+    a = _decoded(words, rows, half, MP, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+    if FIRST:
+        return warpgroup_mma(a, x_half.permute((1, 0)), acc, use_acc=False, is_async=True)
+    return warpgroup_mma(a, x_half.permute((1, 0)), acc, is_async=True)
+
+
+@gluon.jit
+def _slot(acc, w_smem, x_smem, s_smem, slot, FIRST: gl.constexpr, MP: gl.constexpr,
           SUB: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
           S_MIN: gl.constexpr, S_MAX: gl.constexpr):
-    """acc plus the products of one ring slot's SUB sub-steps."""
+    """acc plus the products of one ring slot's SUB sub-steps. Each sub-step is decoded in
+    two halves of K, the first half's wgmma running while the second is decoded, and the
+    slot's wgmmas are waited for once, at its end: the decode overlaps the tensor cores (and
+    the other warpgroup fills what is left)."""
     scale_words = s_smem.index(slot)._reinterpret(gl.int32, [SUB * 64],
                                                   gl.SwizzledSharedLayout(1, 1, 1, [0]))
     for u in gl.static_range(SUB):
-        a = _decoded(w_smem.index(slot).slice(64 * u, 64), scale_words.slice(64 * u, 64),
-                     shift, MP, FP4, E5M2, IS_INT, S_MIN, S_MAX)
-        x_t = x_smem.index(slot).slice(KB * u, KB, dim=1).permute((1, 0))
-        if FIRST and u == 0:
-            acc = warpgroup_mma(a, x_t, acc, use_acc=False, is_async=True)
-        else:
-            acc = warpgroup_mma(a, x_t, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    return acc
+        words, rows = _words(w_smem.index(slot).slice(64 * u, 64), scale_words.slice(64 * u, 64),
+                             FP4)
+        first, second = _halves(words)
+        x_u = x_smem.index(slot)
+        acc = _half_mma(acc, first, rows, x_u.slice(KB * u, KB // 2, dim=1), 0, FIRST and u == 0,
+                        MP, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+        acc = _half_mma(acc, second, rows, x_u.slice(KB * u + KB // 2, KB // 2, dim=1), 1, False,
+                        MP, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
 
 @gluon.jit
@@ -136,22 +190,17 @@ def _consume(c: gl.constexpr, w_smem, x_smem, s_smem, ready, empty, slots, MP: g
     """Consumer warpgroup c (0, 1) takes slots c, c + 2, ...; returns its fp32 partial [64, MP]
     of out^T. The first slot is peeled so that its wgmma (use_acc off) defines the accumulator:
     a zero-initialised one reaching the loop's exit on a zero-trip path made ptxas serialize
-    every wgmma. Each wgmma is waited for at once: with the next step's A registers decoded
-    while it ran, ptxas serialized them for lack of registers (the other warpgroup fills the
-    gap)."""
-    S: gl.constexpr = KB // 32 if FP4 else KB // 16
-    s_index = gl.arange(0, S, layout=gl.SliceLayout(0, gl.SliceLayout(1, word_layout(S))))
-    shift = (s_index % 4) * 8 if FP4 else ((s_index // 2) % 4) * 8  # word s's block's byte
+    every wgmma."""
     mbarrier.wait(ready.index(c), 0)
     acc = _slot(gl.zeros([64, MP], gl.float32, mma_layout(MP)), w_smem, x_smem, s_smem, c,
-                shift, True, MP, SUB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+                True, MP, SUB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
     mbarrier.arrive(empty.index(c))
     for j in range(1, (slots - c + 1) // 2):
         i = c + 2 * j
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        acc = _slot(acc, w_smem, x_smem, s_smem, slot, shift, False, MP, SUB, FP4, E5M2, IS_INT,
-                    S_MIN, S_MAX)
+        acc = _slot(acc, w_smem, x_smem, s_smem, slot, False, MP, SUB, FP4, E5M2, IS_INT, S_MIN,
+                    S_MAX)
         mbarrier.arrive(empty.index(slot))
     return acc
 

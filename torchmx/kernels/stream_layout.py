@@ -14,13 +14,27 @@ lays W out so that:
   `4 g + t` of the wgmma A fragment needs from that row, in wgmma's K order:
 
       one-byte codes (S = 8): byte 2 h + b of word (t, s) = code 16 s + 8 h + 2 t + b
-      fp4 (S = 4): nibble 4 o + 2 h + b of word (t, s) = code 32 s + 16 o + 8 h + 2 t + b
-                   (byte 2 o + h: its low nibble b = 0, high nibble b = 1)
+      fp4 (S = 4): word (t, s) holds codes 32 s + 16 o + 8 h + 2 t + b, code (r, b) with
+                   r = 2 o + h at the bits FP4_BITS[r][b] (sign, then the magnitude's bits
+                   2, 1, 0)
 
 so a lane reads its S words of a row with one 16-byte (one-byte codes: 32-byte) shared-memory
-load and decodes them straight into its A registers. Word s lies in block s // 2 (one-byte
-codes) or s (fp4) of its step. The layout is a permutation of bytes (fp4 bytes keep their two
-codes): the kernel decodes exactly the standard layout's values.
+load and decodes them straight into its A registers (register r of a word: codes (r, 0) and
+(r, 1), a bf16 pair adjacent in K). Word s lies in block s // 2 (one-byte codes) or s (fp4) of
+its step.
+
+One-byte codes keep their bytes: the layout permutes bytes. fp4 codes also have their bits
+spread inside the word, so that the decode builds each register's pair of bf16 bit patterns
+(sign at bits 15 / 31, magnitude at 8..6 / 24..22, the denormal trick of mma_linear's
+decode) with one or two instructions instead of three:
+
+      register 0: word & 0x81C081C0
+      register 1: rotl(word, 10) & 0x81C081C0
+      register 2: rotl(word, 13) & 0x81C081C0
+      register 3: ((word & 0x001B001B) * 0x1084) & 0x81C081C0   (copies << 2, 7, 12)
+
+Those four bit sets are disjoint and cover the word; FP4_BITS is what they read. Either way
+the kernel decodes exactly the standard layout's values.
 
 Only blocks of 32 (the OCP MX block), out_features a multiple of 64 and in_features a multiple
 of 128 with at least two steps (one for each of the kernel's two consumer warpgroups): `fits`.
@@ -33,13 +47,19 @@ import torch
 from .. import dtypes
 from ..numerics import arguments as args
 
-__all__ = ["BLOCK", "CHUNK", "FORMATS", "STEP_CODES", "describe", "fits", "pack", "step_bytes",
-           "unpack"]
+__all__ = ["BLOCK", "CHUNK", "FORMATS", "FP4_BITS", "STEP_CODES", "describe", "fits", "pack",
+           "step_bytes", "unpack"]
 
 BLOCK = 32
 CHUNK = 64  # rows of a tile
 STEP_CODES = 128  # codes of a row in one step
 FORMATS = (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8, dtypes.float4_e2m1)
+# fp4: the word bits of code (r, b) of a word (sign, magnitude bits 2, 1, 0), where the decode
+# of register r (module docstring) finds them: bits 15, 8, 7, 6 (+ 16 for b = 1) of its result.
+FP4_BITS = (((15, 8, 7, 6), (31, 24, 23, 22)),  # word itself
+            ((5, 30, 29, 28), (21, 14, 13, 12)),  # rotated left by 10
+            ((2, 27, 26, 25), (18, 11, 10, 9)),  # rotated left by 13
+            ((3, 1, 0, 4), (19, 17, 16, 20)))  # masked, times 2**2 + 2**7 + 2**12
 # TMA coordinates are 32-bit: the codes' rows (N / 64 * K / 128 steps of 64) must index in them.
 _MAX_STEP_ROWS = 2 ** 31
 
@@ -70,6 +90,23 @@ def _row_step_shape(fmt: dtypes.DType) -> Tuple[int, int, int]:
     return (4, 4, 1) if fmt == dtypes.float4_e2m1 else (8, 2, 2)
 
 
+def _move_fp4_bits(codes: torch.Tensor, spread: bool) -> torch.Tensor:
+    """Flat uint8 fp4 codes, whole words of 4 bytes, with each word's codes moved from the
+    standard packing (code (r, b): nibble b of byte r) to FP4_BITS (spread) or back."""
+    words = codes.contiguous()
+    if words.storage_offset() % 4:  # an int32 view needs whole words of its storage
+        words = words.clone()
+    words = words.view(torch.int32)
+    moved = torch.zeros_like(words)
+    for r, pair in enumerate(FP4_BITS):
+        for b, bits in enumerate(pair):
+            for j, bit in enumerate(bits):  # bits[j] holds the code's bit 3 - j
+                packed = 8 * r + 4 * b + 3 - j
+                source, target = (packed, bit) if spread else (bit, packed)
+                moved |= ((words >> source) & 1) << target
+    return moved.view(torch.uint8)
+
+
 def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
          ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the stream layout's
@@ -80,6 +117,8 @@ def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
     nb, steps = N // CHUNK, K // STEP_CODES
     codes = data.view(torch.uint8).reshape(nb, CHUNK, steps, S, J, 4, B)
     codes = codes.permute(0, 2, 1, 5, 3, 4, 6)  # nb step row | t s j b
+    if fmt == dtypes.float4_e2m1:
+        codes = _move_fp4_bits(codes.reshape(-1), spread=True)
     scales = scale.reshape(nb, CHUNK, steps, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
     return codes.reshape(-1).contiguous(), scales.reshape(-1).contiguous()
 
@@ -96,6 +135,8 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
                          f"got shapes {tuple(codes.shape)} and {tuple(scales.shape)}")
     S, J, B = _row_step_shape(fmt)
     nb, steps = N // CHUNK, K // STEP_CODES
+    if fmt == dtypes.float4_e2m1:
+        codes = _move_fp4_bits(codes, spread=False)
     data = codes.reshape(nb, steps, CHUNK, 4, S, J, B).permute(0, 2, 1, 4, 5, 3, 6)
     scale = scales.reshape(nb, steps, CHUNK, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
     return scale.reshape(N, K // BLOCK).contiguous(), data.reshape(N, -1).contiguous()

@@ -13,9 +13,11 @@ because Triton's language cannot express its warp roles:
   ring by TMA (rows of x past M read as zeros);
 - two consumer warpgroups take the ring's slots in turn. Each lane loads its words of a row
   (one 16- or 32-byte shared-memory load), decodes them into exactly its wgmma A registers
-  with mma_linear's decode (value * 2**(s - 127) in bf16, exact for the scale bytes of
-  FAST_SCALES) and runs wgmma (W from registers, x^T from shared memory, "swap AB": out^T =
-  W x^T) into its own fp32 accumulator;
+  (value * 2**(s - 127) in bf16, exact for the scale bytes of FAST_SCALES: mma_linear's
+  decode for one-byte codes, one for the stream layout's spread fp4 bits) and runs wgmma (W
+  from registers, x^T from shared memory, "swap AB": out^T = W x^T) into its own fp32
+  accumulator, each sub-step in two halves of K (the first half's wgmma runs while the
+  second half is decoded);
 - the two accumulators are added inside the CTA (through shared memory), the bias added in
   fp32 and the sum rounded once to the output dtype.
 
