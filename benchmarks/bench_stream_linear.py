@@ -14,11 +14,15 @@ against the exact product, bit for bit on operands whose sums are exact. Then, a
   default config, the fragment (MXFP4) or piece (MXFP8, MXINT8) kernel (the prepacked copies
   where Triton has no Gluon; at one row the usual path, byte_gemv's one-row kernels, which
   the op keeps for one row), and cuBLAS bf16 on the unquantized weight; ratios are their
-  time / the stream kernel's.
+  time / the stream kernel's;
+- the wave policy (stream_linear.fills_waves): the stream kernel against the kernel it would
+  replace on Llama-3-8B's projections, with the tiles' fill of their waves and the policy's
+  choice.
 """
 
 import datetime
 import os
+import statistics
 import sys
 
 import torch
@@ -32,7 +36,7 @@ from bench_gpu_matmul import (ROTATE, check, make_weights, prepacked_kernel_runs
 from torchmx import MXTensor, dtypes  # noqa: E402
 from torchmx.kernels import stream_layout, stream_linear  # noqa: E402
 from torchmx.mx_ops import stream_linear as stream_op  # noqa: E402
-from _timing import graph_time_us  # noqa: E402
+from _timing import graph_time_us, interleaved_us  # noqa: E402
 
 FORMATS = [dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8]
 ROWS = [1, 2, 4, 8, 16, 32, 64]
@@ -65,7 +69,7 @@ def check_all():
             p = parts(w)
             check(kernel_call(x, w, p, b), x, w, b, f"stream {fmt.name} {M}x{N}x{K}")
             runs = ((M > 1 or fmt == dtypes.float4_e2m1)
-                    and stream_linear.fills_waves(N, x.device))
+                    and stream_linear.fills_waves(fmt, N, x.device, M))
             assert stream_op.uses_stream_kernel(x, w._scale_e8m0, fmt, torch.bfloat16) == runs
             check(stream_op_call(x, w, p, b), x, w, b, f"op {fmt.name} {M}x{N}x{K}")
         g = torch.Generator(device="cuda").manual_seed(1)
@@ -128,6 +132,36 @@ def table(N, K):
         del ws, ps, old
 
 
+def wave_policy():
+    """The shapes behind stream_linear's wave policy: Llama-3-8B's projections (and N = K =
+    8192) at the row counts where the policy's answers differ."""
+    print("\nwave policy: the stream kernel vs the kernel it would replace, Llama-3-8B's shapes "
+          "(interleaved rounds, median microseconds); ratio = previous / stream")
+    print(f"{'format':12s} {'N':>6s} {'K':>6s} {'M':>3s} {'fill':>5s} {'stream':>7s} "
+          f"{'previous':>17s} {'ratio':>6s}  policy")
+    for fmt, rows in ((dtypes.float4_e2m1, (1, 16)), (dtypes.float8_e4m3, (16,))):
+        for N, K in ((8192, 8192), (14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)):
+            ws = make_weights(fmt, N, K, ROTATE)
+            ps = [parts(w) for w in ws]
+            old = [prepacked_parts(w) for w in ws]
+            for M in rows:
+                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                name = "fragment" if fmt == dtypes.float4_e2m1 else "piece"
+                if not prepacked_kernel_runs(fmt, M):
+                    name = "usual"
+                t = interleaved_us({
+                    "stream": [lambda w=w, p=p: kernel_call(x, w, p) for w, p in zip(ws, ps)],
+                    "previous": [lambda w=w, p=p: prepacked_linear(x, w, p)
+                                 for w, p in zip(ws, old)]}, rounds=11)
+                ours, previous = statistics.median(t["stream"]), statistics.median(t["previous"])
+                fill = stream_linear.wave_fill(N, x.device)
+                takes = stream_linear.fills_waves(fmt, N, x.device, M)
+                print(f"{fmt.name:12s} {N:6d} {K:6d} {M:3d} {fill:5.2f} {ours:7.1f} "
+                      f"{name:>8s} {previous:6.1f} {previous / ours:6.3f}  "
+                      f"{'stream' if takes else name}")
+            del ws, ps, old
+
+
 def main():
     N = K = 8192
     print(f"stream kernel vs the kernels it replaces ({torch.cuda.get_device_name()}, torch "
@@ -136,6 +170,7 @@ def main():
     check_all()
     sweep(N, K)
     table(N, K)
+    wave_policy()
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ def stream_copies(request, monkeypatch):
     default for weights that fill the GPU's waves; on the CPU it does not)."""
     monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda *_: request.param)
     # the kernel's wave policy would send these small layers to the usual path
-    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", 0.0)
+    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0})
+    monkeypatch.setattr(stream_linear, "ONE_ROW_MIN_FILL", 0.0)
     return request.param
 
 
@@ -250,8 +251,12 @@ def test_prepack_makes_stream_copies_on_hopper_for_weights_that_fill_the_waves(m
         pytest.skip("the policy is for sm_90")
     monkeypatch.setattr(stream_linear, "_sm_count", lambda device: 2)
     expected = HOPPER and stream_linear.available()
-    assert inference_linear._stream_layout_wanted(128, torch.device(DEVICE)) is expected
-    assert not inference_linear._stream_layout_wanted(192, torch.device(DEVICE))  # 3 tiles of 4
-    assert not inference_linear._stream_layout_wanted(128, torch.device("cpu"))
+    fp4, fp8, here = dtypes.float4_e2m1, dtypes.float8_e4m3, torch.device(DEVICE)
+    assert inference_linear._stream_layout_wanted(fp8, 128, here) is expected
+    assert not inference_linear._stream_layout_wanted(fp4, 192, here)  # 3 tiles of 4
+    # 5 tiles of 6: enough for MXFP4 (80%), not for one-byte codes (90%)
+    assert inference_linear._stream_layout_wanted(fp4, 320, here) is expected
+    assert not inference_linear._stream_layout_wanted(fp8, 320, here)
+    assert not inference_linear._stream_layout_wanted(fp4, 128, torch.device("cpu"))
     layer = _layer(fmt="float8_e4m3").prepack()
     assert layer._fragment_layout == ("stream" if expected else "piece")

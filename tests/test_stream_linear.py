@@ -33,7 +33,8 @@ needs_gluon = pytest.mark.skipif(not stream_linear.available(), reason="this Tri
 def any_tile_count(monkeypatch):
     """The op runs the kernel for weights of any tile count here (small ones, fast to test);
     test_wave_policy checks the real policy."""
-    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", 0.0)
+    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0})
+    monkeypatch.setattr(stream_linear, "ONE_ROW_MIN_FILL", 0.0)
 
 
 def _random_parts(fmt, N, K, seed=0):
@@ -184,14 +185,28 @@ def test_config_errors():
         stream_linear.default_config(dtypes.float6_e2m3, 16, 1024)
 
 
-@pytest.mark.parametrize("tiles,sms,fills", [
-    (128, 132, True), (132, 132, True), (256, 132, True), (64, 132, False), (16, 132, False),
-    (224, 132, False), (0, 132, False), (9, 8, False), (15, 8, True), (8, 8, True)])
-def test_wave_policy(tiles, sms, fills, monkeypatch):
-    """No split-K: the kernel is chosen where W's 64-row tiles fill >= 90% of their waves."""
+@pytest.mark.parametrize("fmt,rows,tiles,sms,fills", [
+    ("float4_e2m1", None, 128, 132, True), ("float8_e4m3", 16, 128, 132, True),
+    ("float4_e2m1", 1, 128, 132, True), ("int8", None, 132, 132, True),
+    ("float4_e2m1", 16, 224, 132, True), ("float4_e2m1", None, 224, 132, True),
+    ("float4_e2m1", 1, 224, 132, False), ("float8_e5m2", None, 224, 132, False),
+    ("float4_e2m1", None, 256, 132, True), ("float4_e2m1", 16, 64, 132, False),
+    ("float8_e4m3", 2, 16, 132, False), ("float4_e2m1", None, 0, 132, False),
+    ("float4_e2m1", None, 13, 8, True), ("float4_e2m1", None, 12, 8, False),
+    ("float8_e4m3", None, 15, 8, True), ("float8_e4m3", None, 14, 8, False)])
+def test_wave_policy(fmt, rows, tiles, sms, fills, monkeypatch):
+    """No split-K: the kernel is chosen where W's 64-row tiles fill >= 80% (MXFP4; 90% for
+    one MXFP4 row) or 90% (one-byte codes) of their waves."""
     monkeypatch.undo()
     monkeypatch.setattr(stream_linear, "_sm_count", lambda device: sms)
-    assert stream_linear.fills_waves(64 * tiles, torch.device("cpu")) is fills
+    assert stream_linear.fills_waves(dtypes.from_name(fmt), 64 * tiles, torch.device("cpu"),
+                                     rows) is fills
+
+
+def test_wave_fill(monkeypatch):
+    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: 132)
+    fills = [stream_linear.wave_fill(64 * t, torch.device("cpu")) for t in (0, 66, 128, 224)]
+    assert fills == [0.0, 0.5, 128 / 132, 224 / 264]
 
 
 # --- the kernel compiled for sm_90 (no GPU needed) ------------------------------------------
@@ -397,5 +412,12 @@ def test_op_runs_the_kernel_for_its_rows(monkeypatch):
     assert not op_module.uses_stream_kernel(x[:1], w._scale_e8m0, w.elem_dtype, torch.bfloat16)
     assert op_module.uses_stream_kernel(x[:1], w._scale_e8m0, dtypes.float4_e2m1,
                                         torch.bfloat16)  # MXFP4: one row too
-    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", 0.9)
+    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.9, 2: 0.0})
     assert not op_module.uses_stream_kernel(x, w._scale_e8m0, w.elem_dtype, torch.bfloat16)
+    assert op_module.uses_stream_kernel(x[:1], w._scale_e8m0, dtypes.float4_e2m1,
+                                        torch.bfloat16)
+    monkeypatch.setattr(stream_linear, "ONE_ROW_MIN_FILL", 0.9)  # one MXFP4 row: its own bar
+    assert not op_module.uses_stream_kernel(x[:1], w._scale_e8m0, dtypes.float4_e2m1,
+                                            torch.bfloat16)
+    assert op_module.uses_stream_kernel(x[:2], w._scale_e8m0, dtypes.float4_e2m1,
+                                        torch.bfloat16)

@@ -49,7 +49,7 @@ from .mma_linear import FAST_SCALES
 from .triton_backend import device_capability
 
 __all__ = ["StreamConfig", "available", "check_parts", "default_config", "eligible",
-           "fills_waves", "kernel_arguments", "stream_linear", "usable_on"]
+           "fills_waves", "kernel_arguments", "stream_linear", "usable_on", "wave_fill"]
 
 # Ring slots and sub-steps a slot by codes a packed group (1: one-byte codes, 2: fp4), from
 # H100 sweeps at N = K = 8192 and 1, 16 and 64 rows (benchmarks/bench_stream_linear.py,
@@ -58,10 +58,14 @@ _PREFERRED = {1: (6, 1), 2: (6, 2)}
 # sm_90's shared memory a CTA (227 KiB), less room for the barriers and Gluon's scratch.
 _SHARED_BYTES = 227 * 1024 - 2048
 # One CTA a 64-row tile and one CTA an SM, with no split-K: the kernel pays off only where the
-# tiles fill their waves of SMs. At N = 8192 (128 tiles on an H100's 132 SMs) it beat the
-# split-K kernels at every row count; in Llama-3-8B's decode (N = 1024, 4096 and 14336: 16, 64
-# and 224 tiles) it made the step slower (benchmarks/decode_llama.py, docs/performance.md).
-MIN_WAVE_FILL = 0.9
+# tiles fill enough of their waves of SMs. By codes a packed group (1: one-byte codes, 2:
+# MXFP4), from H100 timings against the split-K kernels (benchmarks/bench_stream_linear.py's
+# wave-policy table, docs/performance.md): at N = 8192 (128 tiles on 132 SMs, 97% of a wave)
+# it wins for every format and row count; at N = 14336 (224 tiles, 85% of two waves) it wins
+# for 16 MXFP4 rows but not for e4m3; at N = 4096 and 1024 (48%, 12%) it loses.
+MIN_WAVE_FILL = {1: 0.9, 2: 0.8}
+# One MXFP4 row: the one-row kernel on the standard layout beat it at N = 14336, not at 8192.
+ONE_ROW_MIN_FILL = 0.9
 
 
 @dataclass(frozen=True)
@@ -93,11 +97,22 @@ def usable_on(device: torch.device) -> bool:
             and available())
 
 
-def fills_waves(N: int, device: torch.device) -> bool:
-    """Whether W's N / 64 tiles fill at least MIN_WAVE_FILL of the waves of one CTA an SM that
-    they take on `device`: where the stream kernel is the fastest few-row kernel."""
+def wave_fill(N: int, device: torch.device) -> float:
+    """The share of their waves of SMs (one CTA an SM) that W's N / 64 tiles fill on
+    `device`: 128 tiles on 132 SMs 0.97, 224 tiles 0.85 (two waves); 0 for no tile."""
     tiles, sms = N // stream_layout.CHUNK, _sm_count(device)
-    return tiles > 0 and tiles >= MIN_WAVE_FILL * sms * -(-tiles // sms)
+    return tiles / (sms * -(-tiles // sms)) if tiles > 0 else 0.0
+
+
+def fills_waves(fmt: dtypes.DType, N: int, device: torch.device,
+                rows: Optional[int] = None) -> bool:
+    """Whether the stream kernel is the fastest few-row kernel for a weight [N, K] of this
+    format on `device`: its tiles fill MIN_WAVE_FILL of their waves (for one activation row,
+    also ONE_ROW_MIN_FILL). `rows` None: for several rows (what prepack() asks)."""
+    need = MIN_WAVE_FILL[fmt.codes_per_group]
+    if rows == 1:
+        need = max(need, ONE_ROW_MIN_FILL)
+    return wave_fill(N, device) >= need
 
 
 def _rows_padded(M: int) -> int:

@@ -7,7 +7,7 @@ stream layout (torchmx/kernels/stream_layout.py).
                            bias, out_dtype)
 
 On a Hopper GPU (sm_90) with Gluon, for bf16 input with STREAM_ROWS activation rows and a
-weight whose 64-row tiles fill the GPU's waves (stream_linear.fills_waves), it runs
+weight whose 64-row tiles fill enough of the GPU's waves (stream_linear.fills_waves), it runs
 stream_linear on the copy (one CTA per 64-row tile, no split-K); otherwise the standard-layout
 parts take the usual path (mx_weight_linear). Both are the exact product, fp32 accumulation
 and one rounding (the fp32 summation orders can differ, so can the last bits), so the choice
@@ -57,8 +57,8 @@ def _stream_rows(input: Tensor, weight_scale: Tensor, fmt: dtypes.DType,
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
     N, K = weight_scale.shape[0], input.shape[-1]
-    return (x if stream_linear.eligible(x, fmt, N, K) and stream_linear.fills_waves(N, x.device)
-            else None)
+    return (x if stream_linear.eligible(x, fmt, N, K)
+            and stream_linear.fills_waves(fmt, N, x.device, rows) else None)
 
 
 @torch.library.custom_op("torchmx::mx_stream_linear", mutates_args=())

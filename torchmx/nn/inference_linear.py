@@ -81,12 +81,13 @@ def _packed_linear(x, weight_mx, bias, activations_config, fragment):
 _LAYOUT_NAMES = {stream_layout: "stream", fragment_layout: "fragment", piece_layout: "piece"}
 
 
-def _stream_layout_wanted(out_features: int, device: torch.device) -> bool:
-    """Whether prepack() makes a stream-layout copy of a weight with out_features rows on
-    `device`: an sm_90 GPU where Triton has Gluon, with the weight's 64-row tiles filling the
-    GPU's waves (stream_linear.fills_waves; the kernel has no split-K). Elsewhere the fragment
-    and piece kernels are the faster."""
-    return stream_linear.usable_on(device) and stream_linear.fills_waves(out_features, device)
+def _stream_layout_wanted(fmt: dtypes.DType, out_features: int, device: torch.device) -> bool:
+    """Whether prepack() makes a stream-layout copy of a weight of this format with
+    out_features rows on `device`: an sm_90 GPU where Triton has Gluon, with the weight's
+    64-row tiles filling enough of the GPU's waves (stream_linear.fills_waves; the kernel has
+    no split-K). Elsewhere the fragment and piece kernels are the faster."""
+    return (stream_linear.usable_on(device)
+            and stream_linear.fills_waves(fmt, out_features, device))
 
 
 def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
@@ -98,7 +99,7 @@ def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
     if qconfig.activations_config is not None:
         return None
     layouts = (fragment_layout, piece_layout)  # MXFP4: fragments, the faster
-    if _stream_layout_wanted(out_features, device):
+    if fmt in stream_layout.FORMATS and _stream_layout_wanted(fmt, out_features, device):
         layouts = (stream_layout,) + layouts
     for layout in layouts:
         if layout.fits(fmt, block, out_features, in_features):
