@@ -223,8 +223,8 @@ class MXInferenceLinear(nn.Module):
         kernel that reads the copy. For MXFP4, MXFP8 and MXINT8 weights on an sm_90 GPU where
         Triton has Gluon (Triton 3.6), the stream layout (torchmx/kernels/stream_layout.py;
         1 to 64 rows for MXFP4, 2 to 64 for the others; in features a multiple of 128, at
-        least 256; out features whose 64-row tiles fill the GPU's waves, such as 8192 on an
-        H100). Otherwise, and for the shapes it does not take: for MXFP4 the fragment layout
+        least 256; out features whose 64-row tiles fill enough of the GPU's waves, such as
+        8192 on an H100, and 14336 for MXFP4; one MXFP4 row only where they fill 90%). Otherwise, and for the shapes it does not take: for MXFP4 the fragment layout
         (torchmx/kernels/fragment_layout.py, 2 to 64 rows), for the other formats the piece
         layout (torchmx/kernels/piece_layout.py; 2 to 64 rows, fp6 1 to 32). All are faster
         than the standard layout's kernels (docs/matmul.md). Other inputs take the usual path,
