@@ -163,6 +163,23 @@ def test_prepacked_layer_pickles_and_moves(fmt, tmp_path):
             torch.testing.assert_close(other(x).cpu(), layer(x.to(DEVICE)).cpu(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e4m3"])
+def test_a_pickled_copy_is_rebuilt_from_the_weight(fmt):
+    """Copies pickled by another version of their layout (the stream layout's fp4 words
+    changed) must not reach the kernels, not even under torch.compile, which skips forward's
+    check: unpickling rebuilds the copy."""
+    layer = _layer(fmt=fmt).prepack()
+    expected = layer.weight_fragment_codes.clone()
+    state = copy.deepcopy(layer).__getstate__()
+    state["_buffers"]["weight_fragment_codes"] = torch.zeros_like(expected)  # a stale copy
+    loaded = MXInferenceLinear.__new__(MXInferenceLinear)
+    loaded.__setstate__(state)
+    assert loaded.prepacked and loaded._fragment_layout == layer._fragment_layout
+    assert torch.equal(loaded.weight_fragment_codes, expected)
+    assert loaded._fragment_source == loaded._weight_source()
+    assert torch.equal(layer.weight_fragment_codes, expected)  # the original is untouched
+
+
 def test_layers_pickled_before_prepack_existed_load():
     layer = _layer()
     state = layer.__getstate__()

@@ -155,6 +155,12 @@ class MXInferenceLinear(nn.Module):
             fmt = self.qconfig.weights_config.elem_dtype
             self._fragment_layout = (None if self.weight_fragment_codes is None else
                                      "fragment" if fmt == dtypes.float4_e2m1 else "piece")
+        if self.prepacked:
+            # Rebuilt from the weight, as forward would on its first eager call (the weight
+            # tensors are new): the pickled copy may be in another version of its layout (the
+            # stream layout's fp4 words changed) or suit another GPU, and a first call under
+            # torch.compile would not check.
+            self.prepack()
 
     @classmethod
     def from_float(cls, linear: nn.Linear, qconfig: Optional[QLinearConfig] = None
@@ -233,8 +239,9 @@ class MXInferenceLinear(nn.Module):
         of 64 and in_features of 64 (fp4, one-byte formats) or 128 (fp6). The copy costs the
         weight's bytes again. Its layout is chosen for the weight's device when prepack() runs
         (and again when a state dict is loaded). It is not saved in the state dict and follows
-        .to(device). It is rebuilt when a state dict is loaded, and by an eager forward after
-        the weight buffers were written or replaced; under torch.compile that check is not
+        .to(device). It is rebuilt when a state dict is loaded, when a pickled layer is loaded
+        (torch.load, copy.deepcopy), and by an eager forward after the weight buffers were
+        written or replaced; under torch.compile that check is not
         traced, so call prepack() again after changing the weight of a compiled model.
         """
         cfg = self.qconfig.weights_config
