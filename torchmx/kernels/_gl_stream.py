@@ -11,7 +11,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from ._tl_numerics import decode_value, scale_value
-from .mma_linear import _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _multiplier
+from .mma_linear import (_DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _SCALE_E2M1_PAIRS,
+                         _multiplier)
 
 KB = gl.constexpr(128)  # codes of a row in one sub-step (stream_layout.STEP_CODES)
 BLOCK = gl.constexpr(32)
@@ -31,14 +32,7 @@ and.b32 x2, r2, 0x81C081C0;
 and.b32 r3, $8, 0x001B001B;
 mul.lo.u32 r3, r3, 0x1084;
 and.b32 x3, r3, 0x81C081C0;
-mul.rn.bf16x2 x0, x0, $9;
-mul.rn.bf16x2 x1, x1, $9;
-mul.rn.bf16x2 x2, x2, $9;
-mul.rn.bf16x2 x3, x3, $9;
-mov.b32 {$0, $1}, x0;
-mov.b32 {$2, $3}, x1;
-mov.b32 {$4, $5}, x2;
-mov.b32 {$6, $7}, x3; }""")
+""" + _SCALE_E2M1_PAIRS)
 
 __all__ = ["stream_linear_kernel"]
 
