@@ -203,6 +203,11 @@ def test_wave_policy(fmt, rows, tiles, sms, fills, monkeypatch):
                                      rows) is fills
 
 
+def test_wave_policy_refuses_other_formats():
+    with pytest.raises(ValueError, match="fills_waves: .* got float6_e2m3"):
+        stream_linear.fills_waves(dtypes.float6_e2m3, 8192, torch.device("cpu"))
+
+
 def test_wave_fill(monkeypatch):
     monkeypatch.setattr(stream_linear, "_sm_count", lambda device: 132)
     fills = [stream_linear.wave_fill(64 * t, torch.device("cpu")) for t in (0, 66, 128, 224)]

@@ -109,6 +109,10 @@ def fills_waves(fmt: dtypes.DType, N: int, device: torch.device,
     """Whether the stream kernel is the fastest few-row kernel for a weight [N, K] of this
     format on `device`: its tiles fill MIN_WAVE_FILL of their waves (for one activation row,
     also ONE_ROW_MIN_FILL). `rows` None: for several rows (what prepack() asks)."""
+    if fmt not in stream_layout.FORMATS:
+        raise ValueError(f"stream_linear.fills_waves: the stream kernel takes "
+                         f"{', '.join(f.name for f in stream_layout.FORMATS)} weights, got "
+                         f"{fmt.name}")
     need = MIN_WAVE_FILL[fmt.codes_per_group]
     if rows == 1:
         need = max(need, ONE_ROW_MIN_FILL)
