@@ -15,9 +15,10 @@ against the exact product, bit for bit on operands whose sums are exact. Then, a
   where Triton has no Gluon; at one row the usual path, byte_gemv's one-row kernels, which
   the op keeps for one row), and cuBLAS bf16 on the unquantized weight; ratios are their
   time / the stream kernel's;
-- the wave policy (stream_linear.fills_waves): the stream kernel against the kernel it would
-  replace on Llama-3-8B's projections, with the tiles' fill of their waves and the policy's
-  choice.
+- the wave policy (stream_linear.fills_waves): the stream kernel (K split where the tiles are
+  few: stream_linear.split_k) against the kernel it would replace on Llama-3-8B's projections,
+  with the CTAs' fill of their waves and the policy's choice; for the split shapes also the
+  kernel unsplit.
 """
 
 import datetime
@@ -45,7 +46,9 @@ RINGS = [(2, 2), (4, 1), (4, 2), (6, 1), (6, 2), (8, 1), (8, 2)]
 
 
 def parts(w):
-    return stream_layout.pack(w._scale_e8m0, w._data, w.elem_dtype)
+    """What MXInferenceLinear.prepack() makes: the stream codes, scales and split-K counters."""
+    counters = torch.zeros(w.shape[0] // stream_layout.CHUNK, dtype=torch.int32, device=w.device)
+    return (*stream_layout.pack(w._scale_e8m0, w._data, w.elem_dtype), counters)
 
 
 def stream_op_call(x, w, p, bias=None):
@@ -54,22 +57,23 @@ def stream_op_call(x, w, p, bias=None):
 
 
 def kernel_call(x, w, p, bias=None, config=None):
-    return stream_linear.stream_linear(x, *p, w._scale_e8m0, w._data, w.elem_dtype, bias,
-                                       x.dtype, config)
+    codes, scales, counters = p
+    return stream_linear.stream_linear(x, codes, scales, w._scale_e8m0, w._data, w.elem_dtype,
+                                       bias, x.dtype, config, counters)
 
 
 def check_all():
     torch.manual_seed(0)
     for fmt in FORMATS:
         for M, N, K in [(1, 256, 1024), (7, 320, 384), (16, 8192, 8192), (33, 128, 4096),
-                        (64, 1024, 2048)]:
+                        (64, 1024, 2048), (16, 1024, 4096), (2, 4096, 4096)]:
             w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
             p = parts(w)
             check(kernel_call(x, w, p, b), x, w, b, f"stream {fmt.name} {M}x{N}x{K}")
             runs = ((M > 1 or fmt == dtypes.float4_e2m1)
-                    and stream_linear.fills_waves(fmt, N, x.device, M))
+                    and stream_linear.fills_waves(fmt, N, K, x.device, M))
             assert stream_op.uses_stream_kernel(x, w._scale_e8m0, fmt, torch.bfloat16) == runs
             check(stream_op_call(x, w, p, b), x, w, b, f"op {fmt.name} {M}x{N}x{K}")
         g = torch.Generator(device="cuda").manual_seed(1)
@@ -136,29 +140,37 @@ def wave_policy():
     """The shapes behind stream_linear's wave policy: Llama-3-8B's projections (and N = K =
     8192) at the row counts where the policy's answers differ."""
     print("\nwave policy: the stream kernel vs the kernel it would replace, Llama-3-8B's shapes "
-          "(interleaved rounds, median microseconds); ratio = previous / stream")
-    print(f"{'format':12s} {'N':>6s} {'K':>6s} {'M':>3s} {'fill':>5s} {'stream':>7s} "
-          f"{'previous':>17s} {'ratio':>6s}  policy")
-    for fmt, rows in ((dtypes.float4_e2m1, (1, 16)), (dtypes.float8_e4m3, (16,))):
+          "(interleaved rounds, median microseconds); ratio = previous / stream; 'unsplit': "
+          "the stream kernel without split-K")
+    print(f"{'format':12s} {'N':>6s} {'K':>6s} {'M':>3s} {'split':>5s} {'fill':>5s} "
+          f"{'stream':>7s} {'unsplit':>8s} {'previous':>17s} {'ratio':>6s}  policy")
+    for fmt, rows in ((dtypes.float4_e2m1, (1, 16, 64)), (dtypes.float8_e4m3, (16, 64))):
         for N, K in ((8192, 8192), (14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)):
             ws = make_weights(fmt, N, K, ROTATE)
             ps = [parts(w) for w in ws]
             old = [prepacked_parts(w) for w in ws]
+            split = stream_linear.split_k(N, K, ws[0].device)
             for M in rows:
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
                 name = "fragment" if fmt == dtypes.float4_e2m1 else "piece"
                 if not prepacked_kernel_runs(fmt, M):
                     name = "usual"
-                t = interleaved_us({
+                variants = {
                     "stream": [lambda w=w, p=p: kernel_call(x, w, p) for w, p in zip(ws, ps)],
                     "previous": [lambda w=w, p=p: prepacked_linear(x, w, p)
-                                 for w, p in zip(ws, old)]}, rounds=11)
-                ours, previous = statistics.median(t["stream"]), statistics.median(t["previous"])
-                fill = stream_linear.wave_fill(N, x.device)
-                takes = stream_linear.fills_waves(fmt, N, x.device, M)
-                print(f"{fmt.name:12s} {N:6d} {K:6d} {M:3d} {fill:5.2f} {ours:7.1f} "
-                      f"{name:>8s} {previous:6.1f} {previous / ours:6.3f}  "
-                      f"{'stream' if takes else name}")
+                                 for w, p in zip(ws, old)]}
+                if split > 1:
+                    unsplit = stream_linear.default_config(fmt, M, K)
+                    variants["unsplit"] = [lambda w=w, p=p: kernel_call(x, w, p, None, unsplit)
+                                           for w, p in zip(ws, ps)]
+                t = {k: statistics.median(v)
+                     for k, v in interleaved_us(variants, rounds=11).items()}
+                fill = stream_linear.wave_fill(N, K, x.device)
+                takes = stream_linear.fills_waves(fmt, N, K, x.device, M)
+                unsplit_us = f"{t['unsplit']:8.1f}" if "unsplit" in t else f"{'-':>8s}"
+                print(f"{fmt.name:12s} {N:6d} {K:6d} {M:3d} {split:5d} {fill:5.2f} "
+                      f"{t['stream']:7.1f} {unsplit_us} {name:>8s} {t['previous']:6.1f} "
+                      f"{t['previous'] / t['stream']:6.3f}  {'stream' if takes else name}")
             del ws, ps, old
 
 

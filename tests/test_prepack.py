@@ -100,11 +100,9 @@ def test_the_copy_is_the_weight_in_its_layout(fmt, stream_copies):
     s, d = _unpacked(layer)
     assert torch.equal(s, layer.weight_scale) and torch.equal(d, layer.weight_data)
     extra = layer.weight_fragment_codes.numel() - layer.weight_data.numel()
-    if expected == "stream":  # no split-K, no counters
-        assert layer.weight_fragment_counters is None and extra == 0
-        return
     assert layer.weight_fragment_counters.shape == (2,) and not layer.weight_fragment_counters.any()
-    assert extra == (fl.PAD_CODE_BYTES if fmt == "float4_e2m1" else 0)
+    assert layer.weight_fragment_counters.dtype == torch.int32
+    assert extra == (fl.PAD_CODE_BYTES if expected == "fragment" else 0)
 
 
 @pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e5m2"])
@@ -269,11 +267,14 @@ def test_prepack_makes_stream_copies_on_hopper_for_weights_that_fill_the_waves(m
     monkeypatch.setattr(stream_linear, "_sm_count", lambda device: 2)
     expected = HOPPER and stream_linear.available()
     fp4, fp8, here = dtypes.float4_e2m1, dtypes.float8_e4m3, torch.device(DEVICE)
-    assert inference_linear._stream_layout_wanted(fp8, 128, here) is expected
-    assert not inference_linear._stream_layout_wanted(fp4, 192, here)  # 3 tiles of 4
+    assert inference_linear._stream_layout_wanted(fp8, 128, 256, here) is expected
+    assert not inference_linear._stream_layout_wanted(fp4, 192, 256, here)  # 3 tiles of 4
     # 5 tiles of 6: enough for MXFP4 (80%), not for one-byte codes (90%)
-    assert inference_linear._stream_layout_wanted(fp4, 320, here) is expected
-    assert not inference_linear._stream_layout_wanted(fp8, 320, here)
-    assert not inference_linear._stream_layout_wanted(fp4, 128, torch.device("cpu"))
+    assert inference_linear._stream_layout_wanted(fp4, 320, 256, here) is expected
+    assert not inference_linear._stream_layout_wanted(fp8, 320, 256, here)
+    # one tile: K split in two (at least 4 steps each) fills both SMs
+    assert inference_linear._stream_layout_wanted(fp8, 64, 1024, here) is expected
+    assert not inference_linear._stream_layout_wanted(fp8, 64, 512, here)
+    assert not inference_linear._stream_layout_wanted(fp4, 128, 256, torch.device("cpu"))
     layer = _layer(fmt="float8_e4m3").prepack()
     assert layer._fragment_layout == ("stream" if expected else "piece")

@@ -171,7 +171,8 @@ def test_pack_and_unpack_refuse_what_does_not_fit():
     ("int8", 33, 4096, (6, 1)), ("float8_e5m2", 1, 256, (6, 1))])
 def test_default_config(fmt, M, K, expected):
     cfg = stream_linear.default_config(dtypes.from_name(fmt), M, K)
-    assert (cfg.stages, cfg.sub) == expected
+    assert (cfg.stages, cfg.sub, cfg.split) == expected + (1,)
+    assert stream_linear.default_config(dtypes.from_name(fmt), M, K, 3).split == 3
 
 
 def test_config_errors():
@@ -179,49 +180,85 @@ def test_config_errors():
         stream_linear.StreamConfig(3, 1)
     with pytest.raises(ValueError, match="sub 1 or 2"):
         stream_linear.StreamConfig(4, 4)
+    for split in (0, stream_linear.MAX_SPLIT + 1):
+        with pytest.raises(ValueError, match=f"split 1..{stream_linear.MAX_SPLIT}"):
+            stream_linear.StreamConfig(4, 1, split)
     with pytest.raises(ValueError, match="1..64 rows"):
         stream_linear.default_config(dtypes.float8_e4m3, 65, 1024)
     with pytest.raises(ValueError, match="float6_e2m3"):
         stream_linear.default_config(dtypes.float6_e2m3, 16, 1024)
 
 
-@pytest.mark.parametrize("fmt,rows,tiles,sms,fills", [
-    ("float4_e2m1", None, 128, 132, True), ("float8_e4m3", 16, 128, 132, True),
-    ("float4_e2m1", 1, 128, 132, True), ("int8", None, 132, 132, True),
-    ("float4_e2m1", 16, 224, 132, True), ("float4_e2m1", None, 224, 132, True),
-    ("float4_e2m1", 1, 224, 132, False), ("float8_e5m2", None, 224, 132, False),
-    ("float4_e2m1", None, 256, 132, True), ("float4_e2m1", 16, 64, 132, False),
-    ("float8_e4m3", 2, 16, 132, False), ("float4_e2m1", None, 0, 132, False),
-    ("float4_e2m1", None, 13, 8, True), ("float4_e2m1", None, 12, 8, False),
-    ("float8_e4m3", None, 15, 8, True), ("float8_e4m3", None, 14, 8, False)])
-def test_wave_policy(fmt, rows, tiles, sms, fills, monkeypatch):
-    """No split-K: the kernel is chosen where W's 64-row tiles fill >= 80% (MXFP4; 90% for
-    one MXFP4 row) or 90% (one-byte codes) of their waves."""
+@pytest.mark.parametrize("tiles,K,sms,split", [
+    (128, 8192, 132, 1), (224, 4096, 132, 1), (66, 8192, 132, 2), (64, 14336, 132, 2),
+    (64, 4096, 132, 2), (16, 4096, 132, 8), (32, 4096, 132, 4), (48, 4096, 132, 2),
+    (1, 8192, 132, 8), (16, 1024, 132, 2), (64, 512, 132, 1), (16, 256, 132, 1),
+    (0, 8192, 132, 1), (4, 1024, 8, 2), (1, 4096, 8, 8)])
+def test_split_k(tiles, K, sms, split, monkeypatch):
+    """As many CTAs a tile as one wave holds, at most MAX_SPLIT, each with >= 4 steps of K."""
+    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: sms)
+    assert stream_linear.split_k(64 * tiles, K, torch.device("cpu")) == split
+
+
+@pytest.mark.parametrize("fmt,rows,tiles,K,sms,fills", [
+    ("float4_e2m1", None, 128, 8192, 132, True), ("float8_e4m3", 16, 128, 8192, 132, True),
+    ("float4_e2m1", 1, 128, 8192, 132, True), ("int8", None, 132, 8192, 132, True),
+    ("float4_e2m1", 16, 224, 4096, 132, True), ("float4_e2m1", None, 224, 4096, 132, True),
+    ("float4_e2m1", 1, 224, 4096, 132, False), ("float8_e5m2", None, 224, 4096, 132, False),
+    ("float4_e2m1", None, 256, 8192, 132, True), ("float4_e2m1", None, 0, 8192, 132, False),
+    ("float4_e2m1", None, 13, 8192, 8, True), ("float4_e2m1", None, 12, 8192, 8, False),
+    ("float8_e4m3", None, 15, 8192, 8, True), ("float8_e4m3", None, 14, 8192, 8, False),
+    # split-K: 64 tiles x 2 and 16 tiles x 8 fill 128 of 132 SMs, but not for one row
+    ("float4_e2m1", 16, 64, 14336, 132, True), ("float8_e4m3", 16, 64, 4096, 132, True),
+    ("float4_e2m1", None, 16, 4096, 132, True), ("int8", 2, 16, 4096, 132, True),
+    ("float4_e2m1", 1, 64, 14336, 132, False), ("float4_e2m1", 1, 16, 4096, 132, False),
+    # too few steps to split: 64 tiles alone
+    ("float4_e2m1", 16, 64, 512, 132, False), ("float8_e4m3", 2, 16, 256, 132, False),
+    # 48 tiles x 2: 73%
+    ("float4_e2m1", 16, 48, 4096, 132, False)])
+def test_wave_policy(fmt, rows, tiles, K, sms, fills, monkeypatch):
+    """The kernel is chosen where its CTAs (tiles x split_k) fill >= 80% (MXFP4) or 90%
+    (one-byte codes) of their waves; one MXFP4 row only unsplit and from 90%."""
     monkeypatch.undo()
     monkeypatch.setattr(stream_linear, "_sm_count", lambda device: sms)
-    assert stream_linear.fills_waves(dtypes.from_name(fmt), 64 * tiles, torch.device("cpu"),
+    assert stream_linear.fills_waves(dtypes.from_name(fmt), 64 * tiles, K, torch.device("cpu"),
                                      rows) is fills
 
 
 def test_wave_policy_refuses_other_formats():
     with pytest.raises(ValueError, match="fills_waves: .* got float6_e2m3"):
-        stream_linear.fills_waves(dtypes.float6_e2m3, 8192, torch.device("cpu"))
+        stream_linear.fills_waves(dtypes.float6_e2m3, 8192, 8192, torch.device("cpu"))
 
 
 def test_wave_fill(monkeypatch):
     monkeypatch.setattr(stream_linear, "_sm_count", lambda device: 132)
-    fills = [stream_linear.wave_fill(64 * t, torch.device("cpu")) for t in (0, 66, 128, 224)]
-    assert fills == [0.0, 0.5, 128 / 132, 224 / 264]
+    fills = [stream_linear.wave_fill(64 * t, K, torch.device("cpu"))
+             for t, K in ((0, 8192), (66, 8192), (128, 8192), (224, 4096), (64, 4096),
+                          (64, 512), (16, 4096))]
+    assert fills == [0.0, 1.0, 128 / 132, 224 / 264, 128 / 132, 64 / 132, 128 / 132]
 
 
 # --- the kernel compiled for sm_90 (no GPU needed) ------------------------------------------
 
+# K split as on the CPU's 8 "SMs" (matmul._sm_count): 256 rows 2 ways, 64 rows 8 ways, 512 rows
+# and K = 384 not at all (test_the_compiled_cases_cover_each_split)
 _COMPILED = [("float4_e2m1", 16, 256, 1024, True, "bfloat16"),
              ("float4_e2m1", 64, 256, 1024, False, "float32"),
+             ("float4_e2m1", 16, 512, 1024, True, "bfloat16"),
+             ("float4_e2m1", 8, 64, 4096, False, "bfloat16"),
              ("float8_e4m3", 1, 256, 1024, True, "bfloat16"),
              ("float8_e4m3", 64, 256, 1024, True, "bfloat16"),
+             ("float8_e4m3", 16, 512, 1024, False, "bfloat16"),
+             ("float8_e4m3", 32, 64, 4096, True, "float32"),
              ("float8_e5m2", 32, 256, 384, False, "bfloat16"),
              ("int8", 64, 256, 1024, True, "float32")]
+
+
+def test_the_compiled_cases_cover_each_split():
+    splits = {(fmt, N, K): stream_linear.split_k(N, K, torch.device("cpu"))
+              for fmt, _, N, K, _, _ in _COMPILED}
+    assert {s for (fmt, _, _), s in splits.items() if fmt == "float4_e2m1"} == {1, 2, 8}
+    assert {s for (fmt, _, _), s in splits.items() if fmt == "float8_e4m3"} == {1, 2, 8}
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +281,9 @@ def test_compiles_for_sm90_with_async_wgmmas_and_no_spills(case, ptxas_reports):
 # --- the op: its usual path wherever the kernel does not run ---------------------------------
 
 def _stream_parts(w):
-    return sl.pack(w._scale_e8m0, w._data, w.elem_dtype)
+    """The prepacked copy: stream codes, scales and split-K counters (zeros)."""
+    counters = torch.zeros(w.shape[0] // sl.CHUNK, dtype=torch.int32, device=w.device)
+    return (*sl.pack(w._scale_e8m0, w._data, w.elem_dtype), counters)
 
 
 def _op(x, w, parts, bias=None, out_dtype=None):
@@ -269,14 +308,18 @@ def test_op_matches_the_usual_path(fmt):
 
 def test_op_checks_its_parts():
     x, w = integer_operands("float8_e4m3", 4, 64, 256)
-    codes, scales = _stream_parts(w)
+    codes, scales, counters = _stream_parts(w)
     with pytest.raises(ValueError, match="mx_stream_linear: the stream codes"):
-        _op(x, w, (codes[:-16], scales))
+        _op(x, w, (codes[:-16], scales, counters))
     with pytest.raises(ValueError, match="mx_stream_linear: the stream scales"):
-        _op(x, w, (codes, scales.to(torch.int32)))
+        _op(x, w, (codes, scales.to(torch.int32), counters))
+    with pytest.raises(ValueError, match="mx_stream_linear: the stream counters .* got torch.int64"):
+        _op(x, w, (codes, scales, counters.long()))
+    with pytest.raises(ValueError, match="mx_stream_linear: the stream counters .* 1 elements"):
+        _op(x, w, (codes, scales, torch.zeros(2, dtype=torch.int32, device=DEVICE)))
     x128, w128 = integer_operands("float8_e4m3", 4, 64, 128)
     with pytest.raises(ValueError, match="mx_stream_linear: the stream layout needs"):
-        _op(x128, w128, (codes, scales))
+        _op(x128, w128, (codes, scales, counters))
 
 
 def test_op_under_compile_with_dynamic_rows():
@@ -290,10 +333,12 @@ def test_op_under_compile_with_dynamic_rows():
 
 # --- the kernel on an H100 -------------------------------------------------------------------
 
-def _stream(x, w, bias=None, out_dtype=None, config=None):
-    codes, scales = _stream_parts(w)
+def _stream(x, w, bias=None, out_dtype=None, config=None, counters=None):
+    """The kernel (its default config: on an H100, K split where the weight's tiles are few),
+    on fresh split-K counters unless given."""
+    codes, scales, _ = _stream_parts(w)
     return stream_linear.stream_linear(x, codes, scales, w._scale_e8m0, w._data, w.elem_dtype,
-                                       bias, out_dtype or x.dtype, config)
+                                       bias, out_dtype or x.dtype, config, counters)
 
 
 @gpu_only
@@ -315,17 +360,51 @@ def test_exact_on_exact_sums(fmt, M, N, K):
 @settings(max_examples=25, deadline=None)
 @given(fmt=st.sampled_from(FORMATS), M=st.integers(1, 64), tiles=st.integers(1, 3),
        steps=st.integers(2, 12), stages=st.sampled_from([2, 4, 6]), sub=st.sampled_from([1, 2]),
-       seed=st.integers(0, 99))
-def test_any_config_is_exact(fmt, M, tiles, steps, stages, sub, seed):
-    steps = max(steps - steps % sub, 2 * sub)
+       split=st.integers(1, 4), seed=st.integers(0, 99))
+def test_any_config_is_exact(fmt, M, tiles, steps, stages, sub, split, seed):
+    steps = max(steps - steps % sub, 2 * sub * split)
     x, w = integer_operands(fmt, M, 64 * tiles, 128 * steps, seed=seed)
-    cfg = stream_linear.StreamConfig(stages, sub)
+    cfg = stream_linear.StreamConfig(stages, sub, split)
     try:
         out = _stream(x, w, config=cfg)
     except ValueError as e:  # that ring does not fit in shared memory at these rows
         assert "shared memory" in str(e)
         return
     torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("M,N,K,split", [(16, 128, 4096, 8), (3, 64, 2048, 3),
+                                         (64, 192, 1024, 2), (1, 64, 2560, 5)])
+def test_split_k_is_exact_and_leaves_its_counters_at_zero(fmt, M, N, K, split):
+    """Each part of a tile's K in its own CTA (uneven shares where the slots do not divide),
+    the last to arrive adding the partials: exact on exact sums, call after call on the
+    weight's own counters (left at zero), and on fresh ones."""
+    x, w = integer_operands(fmt, M, N, K)
+    bias = torch.randint(-8, 9, (N,)).to(torch.bfloat16).to(DEVICE)
+    codes, scales, counters = _stream_parts(w)
+    cfg = stream_linear.default_config(w.elem_dtype, M, K, split)
+    expected = reference(x, w, bias)
+    for _ in range(3):
+        out = stream_linear.stream_linear(x, codes, scales, w._scale_e8m0, w._data,
+                                          w.elem_dtype, bias, torch.bfloat16, cfg, counters)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        assert not counters.any()
+    torch.testing.assert_close(_stream(x, w, bias, config=cfg), expected, rtol=0, atol=0)
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_split_k_is_deterministic_and_within_fp32_accumulation(fmt):
+    torch.manual_seed(5)
+    x = torch.randn(16, 4096, dtype=torch.bfloat16, device=DEVICE)
+    w = MXTensor.to_mx(torch.randn(256, 4096, device=DEVICE) * 4, fmt, 32)
+    bias = torch.randn(256, dtype=torch.bfloat16, device=DEVICE)
+    cfg = stream_linear.default_config(w.elem_dtype, 16, 4096, 4)
+    outs = [_stream(x, w, bias, config=cfg) for _ in range(3)]
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    assert_within_fp32_accumulation(outs[0], x, w, bias)
 
 
 @gpu_only
@@ -371,9 +450,11 @@ def test_every_scale(fmt, code):
                                                                        "huge scale", "nan x")]
                          + [("float4_e2m1", "huge scale"), ("int8", "tiny scale"),
                             ("int8", "nan scale")])
-def test_poisoned_words_recompute_their_tile_exactly(fmt, poison):
-    """One word off the fast path among ordinary ones: its CTA recomputes the whole tile
-    exactly, the other outputs of that tile included; the other CTAs are untouched."""
+@pytest.mark.parametrize("split", [1, 2])
+def test_poisoned_words_recompute_their_tile_exactly(fmt, poison, split):
+    """One word off the fast path among ordinary ones: its CTA (with split-K, the last of the
+    tile's, whichever part held the word) recomputes the whole tile exactly, the other outputs
+    of that tile included; the other CTAs are untouched."""
     x, w = integer_operands(fmt, 16, 256, 512)
     scale, data = w._scale_e8m0.clone(), w._data.clone()
     fmt_ = dtypes.from_name(fmt)
@@ -388,15 +469,21 @@ def test_poisoned_words_recompute_their_tile_exactly(fmt, poison):
     else:
         x[5, 300] = float("nan")
     w = w._replace(scale, data)
-    out = _stream(x, w, None, torch.float32)
+    out = _stream(x, w, None, torch.float32, stream_linear.StreamConfig(4, 1, split))
     expected = x.float() @ w.dequantize(torch.float32).t()
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
 
 
 @gpu_only
-def test_cuda_graph_replay_and_strided_input():
+@pytest.mark.parametrize("split", [1, 2])
+def test_cuda_graph_replay_and_strided_input(split):
+    """Replays of a captured call, with split-K on the weight's own counters (the kernel
+    leaves them at zero for the next replay) or without."""
     x, w = integer_operands("float4_e2m1", 16, 256, 1024)
-    assert_graph_replay_matches_eager(lambda: _stream(x, w))
+    counters = _stream_parts(w)[2]
+    cfg = stream_linear.StreamConfig(6, 2, split)
+    assert_graph_replay_matches_eager(lambda: _stream(x, w, config=cfg, counters=counters))
+    assert not counters.any()
     wide = torch.zeros(16, 2048, dtype=torch.bfloat16, device=DEVICE)
     wide[:, :1024] = x
     parts = _stream_parts(w)

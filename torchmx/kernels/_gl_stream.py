@@ -63,10 +63,11 @@ def mma_layout(MP):
 
 
 @gluon.jit
-def _loader(w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty, step0, slots,
+def _loader(w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty, step0, k0, slots,
             STAGES: gl.constexpr, SUB: gl.constexpr):
-    """One warp: slot i % STAGES gets sub-steps i * SUB .. of the tile once its consumer freed
-    it (empty), and signals `ready` when the bytes have landed."""
+    """One warp: slot i % STAGES gets the sub-steps step0 + i * SUB .. of the stream (x's
+    columns k0 + i * SUB * KB ..) once its consumer freed it (empty), and signals `ready`
+    when the bytes have landed."""
     for i in range(slots):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
@@ -75,7 +76,7 @@ def _loader(w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty, step0,
         step = step0 + i * SUB
         tma.async_copy_global_to_shared(w_desc, [step * 64, 0], ready.index(slot),
                                         w_smem.index(slot))
-        tma.async_copy_global_to_shared(x_desc, [0, i * SUB * KB], ready.index(slot),
+        tma.async_copy_global_to_shared(x_desc, [0, k0 + i * SUB * KB], ready.index(slot),
                                         x_smem.index(slot))
         tma.async_copy_global_to_shared(s_desc, [step, 0], ready.index(slot), s_smem.index(slot))
 
@@ -250,18 +251,23 @@ def _exact_tile(x_ptr, w_ptr, s_ptr, n0, M, K, stride_xm, stride_wn, stride_sn,
 
 
 @gluon.jit
-def stream_linear_kernel(w_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, M, K,
-                         stride_xm, stride_wn, stride_sn, stride_om, MP: gl.constexpr,
-                         STAGES: gl.constexpr, SUB: gl.constexpr, HAS_BIAS: gl.constexpr,
-                         E5M2: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr,
-                         IS_INT: gl.constexpr, BITS: gl.constexpr, MBITS: gl.constexpr,
-                         HAS_INF: gl.constexpr, HAS_NAN: gl.constexpr, LSB: gl.constexpr,
-                         TO_VALUE: gl.constexpr, CPG: gl.constexpr):
-    """out[:M, 64 tile ..] = x @ W[64 tile ..].T (+ bias), rounded once to out's dtype, for one
-    64-row tile of W: a TMA loader warp and two consumer warpgroups (stream_linear.py)."""
+def stream_linear_kernel(w_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr,
+                         partials_ptr, counters_ptr, M, K, stride_xm, stride_wn, stride_sn,
+                         stride_om, MP: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr,
+                         SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, E5M2: gl.constexpr,
+                         S_MIN: gl.constexpr, S_MAX: gl.constexpr, IS_INT: gl.constexpr,
+                         BITS: gl.constexpr, MBITS: gl.constexpr, HAS_INF: gl.constexpr,
+                         HAS_NAN: gl.constexpr, LSB: gl.constexpr, TO_VALUE: gl.constexpr,
+                         CPG: gl.constexpr):
+    """out[:M, 64 tile ..] = x @ W[64 tile ..].T (+ bias), rounded once to out's dtype: CTA
+    `SPLIT tile + part` takes part `part` of the tile's K (its share of the tile's ring slots)
+    with a TMA loader warp and two consumer warpgroups (stream_linear.py)."""
     FP4: gl.constexpr = CPG == 2
-    tile = gl.program_id(0)
+    tile = gl.program_id(0) // SPLIT
+    part = gl.program_id(0) % SPLIT
     steps = K // KB
+    first = part * (steps // SUB) // SPLIT  # the part's slots of the tile, as evenly as they go
+    slots = (part + 1) * (steps // SUB) // SPLIT - first
     w_smem = gl.allocate_shared_memory(gl.uint8, [STAGES] + w_desc.block_type.shape,
                                        w_desc.layout)
     x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape,
@@ -277,17 +283,49 @@ def stream_linear_kernel(w_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, 
         mbarrier.init(ready.index(j), count=1)
         mbarrier.init(empty.index(j), count=1)
     mbarrier.init(done, count=1)
-    slots = steps // SUB
     acc = gl.warp_specialize([
         (_consume_first, (w_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB, FP4,
                           E5M2, IS_INT, S_MIN, S_MAX)),
         (_consume_second, (w_smem, x_smem, s_smem, ready, empty, partial, done, slots, MP,
                            STAGES, SUB, FP4, E5M2, IS_INT, S_MIN, S_MAX)),
-        (_loader, (w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty, tile * steps,
-                   slots, STAGES, SUB)),
+        (_loader, (w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty,
+                   tile * steps + first * SUB, first * SUB * KB, slots, STAGES, SUB)),
     ], [4, 1], [152, 40])[0]
     mbarrier.wait(done, 0)
     acc = acc + partial.load(mma_layout(MP))
+    n = tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_layout(MP)))
+    m = gl.arange(0, MP, layout=gl.SliceLayout(0, mma_layout(MP)))
+    if SPLIT == 1:
+        _finish(acc, x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, tile, n, m, M, K, stride_xm,
+                stride_wn, stride_sn, stride_om, MP, HAS_BIAS, IS_INT, BITS, MBITS, HAS_INF,
+                HAS_NAN, LSB, TO_VALUE, CPG)
+    else:
+        # partials [SPLIT, N, MP]: each part stores its own and counts its arrival; the last to
+        # arrive adds them in part order (a sum that does not depend on the order of arrival),
+        # finishes the tile and leaves the tile's counter at zero for the next call
+        part_size = (gl.num_programs(0) // SPLIT) * 64 * MP
+        offsets = n[:, None] * MP + m[None, :]
+        gl.store(partials_ptr + part * part_size + offsets, acc)
+        gl.thread_barrier()  # every thread's partial is stored before the arrival is counted
+        if gl.atomic_add(counters_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
+            gl.thread_barrier()
+            acc = gl.load(partials_ptr + offsets, cache_modifier=".cg")
+            for j in gl.static_range(1, SPLIT):
+                acc = acc + gl.load(partials_ptr + j * part_size + offsets, cache_modifier=".cg")
+            gl.store(counters_ptr + tile, 0)
+            _finish(acc, x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, tile, n, m, M, K, stride_xm,
+                    stride_wn, stride_sn, stride_om, MP, HAS_BIAS, IS_INT, BITS, MBITS, HAS_INF,
+                    HAS_NAN, LSB, TO_VALUE, CPG)
+
+
+@gluon.jit
+def _finish(acc, x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, tile, n, m, M, K, stride_xm, stride_wn,
+            stride_sn, stride_om, MP: gl.constexpr, HAS_BIAS: gl.constexpr, IS_INT: gl.constexpr,
+            BITS: gl.constexpr, MBITS: gl.constexpr, HAS_INF: gl.constexpr,
+            HAS_NAN: gl.constexpr, LSB: gl.constexpr, TO_VALUE: gl.constexpr,
+            CPG: gl.constexpr):
+    """The tile's sums acc [64 rows n, MP] (fp32, all of K) plus the bias, rounded once and
+    stored as out[m, n] for m < M."""
     # A poisoned word made its products NaN; Inf / NaN sums have other causes too (x,
     # overflow). Either way the exact recomputation gives the contract's result.
     bad = ((acc != acc) | (gl.abs(acc) == float("inf"))).to(gl.int32)
@@ -296,11 +334,7 @@ def stream_linear_kernel(w_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, 
             _exact_tile(x_ptr, w_ptr, s_ptr, tile * 64, M, K, stride_xm, stride_wn, stride_sn,
                         MP, CPG, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE),
             mma_layout(MP))
-    n = tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_layout(MP)))
-    m = gl.arange(0, MP, layout=gl.SliceLayout(0, mma_layout(MP)))
     if HAS_BIAS:
         acc = acc + gl.load(bias_ptr + n).to(gl.float32)[:, None]
     gl.store(out_ptr + m[None, :] * stride_om + n[:, None], acc.to(out_ptr.dtype.element_ty),
              mask=(m[None, :] < M) & (n[:, None] >= 0))
-
-

@@ -1,12 +1,14 @@
 """x [M, K] @ W.T for 1..64 activation rows and an MXFP4, MXFP8 (e4m3 / e5m2) or MXINT8 weight W
-[N, K] in the stream layout (stream_layout.py), on Hopper (sm_90): one CTA per 64-row tile of
-W, streaming the whole of K with no split-K.
+[N, K] in the stream layout (stream_layout.py), on Hopper (sm_90): one wave of CTAs, each
+streaming its 64-row tile of W over all of K, or over a part of K where the tiles alone are too
+few for the SMs (split-K).
 
 Few-row products are bound by reading W once. The split-K kernels (mma_linear,
-fragment_matmul) give each tile several programs and hand their fp32 partials over at the
-end; this kernel gives each tile one CTA (N / 64 CTAs: 128 for N = 8192) that keeps the SM's
-memory pipe full on its own, written in Gluon (Triton's explicit-layout dialect, _gl_stream.py)
-because Triton's language cannot express its warp roles:
+fragment_matmul) give each tile several programs of several waves; this kernel gives each
+tile one CTA (N / 64 CTAs: 128 for N = 8192) that keeps the SM's memory pipe full on its own,
+or `split_k` CTAs of one part of K each where that fills the SMs better (N = 4096: 2 a tile,
+N = 1024: 8), written in Gluon (Triton's explicit-layout dialect, _gl_stream.py) because
+Triton's language cannot express its warp roles:
 
 - a loader warp brings each step's W codes (one contiguous run of the stream layout), x^T
   [M padded to MP, 128 codes a sub-step] and the scale bytes into a STAGES-slot shared-memory
@@ -18,10 +20,17 @@ because Triton's language cannot express its warp roles:
   from registers, x^T from shared memory, "swap AB": out^T = W x^T) into its own fp32
   accumulator, each sub-step in two halves of K (the first half's wgmma runs while the
   second half is decoded);
-- the two accumulators are added inside the CTA (through shared memory), the bias added in
-  fp32 and the sum rounded once to the output dtype.
+- the two accumulators are added inside the CTA (through shared memory). With split-K each
+  CTA stores that fp32 partial and counts its arrival on the tile's counter; the last to
+  arrive adds the tile's partials in part order (so the sum does not depend on which CTA
+  came last) and resets the counter to zero for the next call;
+- the bias is added in fp32 and the sum rounded once to the output dtype.
 
-Numerics are those of kernels/matmul.py: exact bf16 products, fp32 sums, one rounding. A word
+Numerics are those of kernels/matmul.py: exact bf16 products, fp32 sums, one rounding (the
+order of the fp32 sums depends on the split, so on the GPU's SM count; runs on one GPU give
+the same bits). The counters (int32, one a tile, zero between calls: prepack's copy keeps its
+own) make concurrent calls on one weight on two streams race when K is split, as for the
+fragment and piece kernels. A word
 the decode cannot take exactly (a scale byte outside FAST_SCALES, an e4m3 NaN code, an e5m2 Inf
 or NaN code) gets a NaN multiplier (mma_linear._multiplier; a NaN or Inf code poisons all of its
 lane's words of that row); a CTA whose sums end up NaN or Inf, from such a word or
@@ -48,8 +57,9 @@ from .matmul import _format_constants, _interpreting, _sm_count
 from .mma_linear import FAST_SCALES
 from .triton_backend import device_capability
 
-__all__ = ["StreamConfig", "available", "check_parts", "default_config", "eligible",
-           "fills_waves", "kernel_arguments", "stream_linear", "usable_on", "wave_fill"]
+__all__ = ["MAX_SPLIT", "StreamConfig", "available", "check_parts", "default_config",
+           "eligible", "fills_waves", "kernel_arguments", "split_k", "stream_linear",
+           "usable_on", "wave_fill"]
 
 # Ring slots and sub-steps a slot by codes a packed group (1: one-byte codes, 2: fp4), from
 # H100 sweeps at N = K = 8192 and 1, 16 and 64 rows (benchmarks/bench_stream_linear.py,
@@ -57,28 +67,35 @@ __all__ = ["StreamConfig", "available", "check_parts", "default_config", "eligib
 _PREFERRED = {1: (6, 1), 2: (6, 2)}
 # sm_90's shared memory a CTA (227 KiB), less room for the barriers and Gluon's scratch.
 _SHARED_BYTES = 227 * 1024 - 2048
-# One CTA a 64-row tile and one CTA an SM, with no split-K: the kernel pays off only where the
-# tiles fill enough of their waves of SMs. By codes a packed group (1: one-byte codes, 2:
-# MXFP4), from H100 timings against the split-K kernels (benchmarks/bench_stream_linear.py's
-# wave-policy table, docs/performance.md): at N = 8192 (128 tiles on 132 SMs, 97% of a wave)
-# it wins for every format and row count; at N = 14336 (224 tiles, 85% of two waves) it wins
-# for 16 MXFP4 rows but not for e4m3; at N = 4096 and 1024 (48%, 12%) it loses.
+# At most this many CTAs share a tile's K: the most the H100 timings below cover (N = 1024).
+MAX_SPLIT = 8
+# One CTA an SM: the kernel pays off only where its CTAs (the tiles, times split_k) fill enough
+# of their waves of SMs. By codes a packed group (1: one-byte codes, 2: MXFP4), from H100
+# timings against the fragment and piece kernels (benchmarks/bench_stream_linear.py's
+# wave-policy table, docs/performance.md): with 97% of a wave (N = 8192; N = 4096 and 1024
+# split 2 and 8 ways: 128 CTAs on 132 SMs) it wins for every format at 16 rows (e4m3 at N =
+# 4096, K = 14336: even); at N = 14336 (224 tiles, 85% of two waves) it wins for 16 MXFP4 rows
+# but not for e4m3.
 MIN_WAVE_FILL = {1: 0.9, 2: 0.8}
-# One MXFP4 row: the one-row kernel on the standard layout beat it at N = 14336, not at 8192.
+# One MXFP4 row: the one-row kernel on the standard layout beat it at N = 14336 and wherever K
+# is split, not at N = 8192: one row takes it only unsplit, filling this much of its waves.
 ONE_ROW_MIN_FILL = 0.9
 
 
 @dataclass(frozen=True)
 class StreamConfig:
     """`stages` ring slots (even: each slot always serves the same consumer warpgroup), each
-    holding `sub` sub-steps of 128 codes of the tile's 64 rows."""
+    holding `sub` sub-steps of 128 codes of the tile's 64 rows; `split` CTAs a tile, each
+    taking an even share of the tile's slots (split-K)."""
     stages: int
     sub: int
+    split: int = 1
 
     def __post_init__(self):
-        if self.stages < 2 or self.stages % 2 or self.sub not in (1, 2):
-            raise ValueError(f"StreamConfig: stages must be an even number >= 2 and sub 1 or "
-                             f"2, got {self}")
+        if (self.stages < 2 or self.stages % 2 or self.sub not in (1, 2)
+                or not 1 <= self.split <= MAX_SPLIT):
+            raise ValueError(f"StreamConfig: stages must be an even number >= 2, sub 1 or 2 and "
+                             f"split 1..{MAX_SPLIT}, got {self}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,26 +114,41 @@ def usable_on(device: torch.device) -> bool:
             and available())
 
 
-def wave_fill(N: int, device: torch.device) -> float:
-    """The share of their waves of SMs (one CTA an SM) that W's N / 64 tiles fill on
-    `device`: 128 tiles on 132 SMs 0.97, 224 tiles 0.85 (two waves); 0 for no tile."""
-    tiles, sms = N // stream_layout.CHUNK, _sm_count(device)
-    return tiles / (sms * -(-tiles // sms)) if tiles > 0 else 0.0
+def split_k(N: int, K: int, device: torch.device) -> int:
+    """CTAs a tile for a weight [N, K] on `device`: as many as one wave of the SMs holds for
+    all N / 64 tiles (N = 4096 on 132 SMs: 2; N = 1024: 8; N >= 64 * SMs: 1), at most
+    MAX_SPLIT, and few enough that each takes at least 4 of the tile's K / 128 steps (two ring
+    slots of any config)."""
+    tiles = N // stream_layout.CHUNK
+    if tiles == 0:
+        return 1
+    return max(1, min(_sm_count(device) // tiles, MAX_SPLIT, K // stream_layout.STEP_CODES // 4))
 
 
-def fills_waves(fmt: dtypes.DType, N: int, device: torch.device,
+def wave_fill(N: int, K: int, device: torch.device) -> float:
+    """The share of their waves of SMs (one CTA an SM) that the kernel's CTAs (W's N / 64
+    tiles, times split_k) fill on `device`: 128 CTAs on 132 SMs 0.97, 224 0.85 (two waves);
+    0 for no tile."""
+    ctas, sms = N // stream_layout.CHUNK * split_k(N, K, device), _sm_count(device)
+    return ctas / (sms * -(-ctas // sms)) if ctas > 0 else 0.0
+
+
+def fills_waves(fmt: dtypes.DType, N: int, K: int, device: torch.device,
                 rows: Optional[int] = None) -> bool:
     """Whether the stream kernel is the fastest few-row kernel for a weight [N, K] of this
-    format on `device`: its tiles fill MIN_WAVE_FILL of their waves (for one activation row,
-    also ONE_ROW_MIN_FILL). `rows` None: for several rows (what prepack() asks)."""
+    format on `device`: its CTAs fill MIN_WAVE_FILL of their waves (for one activation row,
+    also ONE_ROW_MIN_FILL, with K not split). `rows` None: for several rows (what prepack()
+    asks)."""
     if fmt not in stream_layout.FORMATS:
         raise ValueError(f"stream_linear.fills_waves: the stream kernel takes "
                          f"{', '.join(f.name for f in stream_layout.FORMATS)} weights, got "
                          f"{fmt.name}")
     need = MIN_WAVE_FILL[fmt.codes_per_group]
     if rows == 1:
+        if split_k(N, K, device) > 1:
+            return False
         need = max(need, ONE_ROW_MIN_FILL)
-    return wave_fill(N, device) >= need
+    return wave_fill(N, K, device) >= need
 
 
 def _rows_padded(M: int) -> int:
@@ -132,10 +164,10 @@ def _slot_bytes(fmt: dtypes.DType, MP: int, sub: int) -> int:
                   + 64 * stream_layout.STEP_CODES // stream_layout.BLOCK)
 
 
-def default_config(fmt: dtypes.DType, M: int, K: int) -> StreamConfig:
+def default_config(fmt: dtypes.DType, M: int, K: int, split: int = 1) -> StreamConfig:
     """`_PREFERRED`'s ring for the format: its sub-steps a slot where K has an even number of
     steps (at least four), else one; as many of its slots as shared memory holds beside the
-    fp32 partial [64, MP]."""
+    fp32 partial [64, MP]; `split` CTAs a tile (split_k's)."""
     if fmt not in stream_layout.FORMATS or not 1 <= M <= 64:
         raise ValueError(f"stream_linear.default_config: takes "
                          f"{', '.join(f.name for f in stream_layout.FORMATS)} weights and 1..64 "
@@ -147,7 +179,7 @@ def default_config(fmt: dtypes.DType, M: int, K: int) -> StreamConfig:
     MP = _rows_padded(M)
     while stages > 2 and stages * _slot_bytes(fmt, MP, sub) + 64 * MP * 4 > _SHARED_BYTES:
         stages -= 2
-    return StreamConfig(stages, sub)
+    return StreamConfig(stages, sub, split)
 
 
 def eligible(x: torch.Tensor, fmt: dtypes.DType, N: int, K: int) -> bool:
@@ -159,10 +191,12 @@ def eligible(x: torch.Tensor, fmt: dtypes.DType, N: int, K: int) -> bool:
             and stream_layout.fits(fmt, stream_layout.BLOCK, N, K) and usable_on(x.device))
 
 
-def check_parts(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, N: int, K: int,
-                device: torch.device, op: str = "stream_linear") -> None:
+def check_parts(codes: torch.Tensor, scales: torch.Tensor, counters: Optional[torch.Tensor],
+                fmt: dtypes.DType, N: int, K: int, device: torch.device,
+                op: str = "stream_linear") -> None:
     """ValueError unless (codes, scales) are stream_layout.pack's of a weight [N, K] of this
-    format: contiguous 1-d uint8 tensors on `device`, 16-byte aligned (TMA)."""
+    format, contiguous 1-d uint8 tensors on `device`, 16-byte aligned (TMA), and counters (if
+    given) the split-K counters: a contiguous int32 tensor of N / 64 zeros."""
     if not stream_layout.fits(fmt, stream_layout.BLOCK, N, K):
         raise ValueError(f"{op}: the stream layout needs a weight of {stream_layout.describe()}, "
                          f"got {fmt.name} [{N}, {K}]")
@@ -171,16 +205,21 @@ def check_parts(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, N:
                          "stream_layout.pack")
     args.check_flat_part(scales, f"{op}: the stream scales", N * K // stream_layout.BLOCK,
                          torch.uint8, device, 16, "stream_layout.pack")
+    if counters is not None:
+        args.check_flat_part(counters, f"{op}: the stream counters", N // stream_layout.CHUNK,
+                             torch.int32, device, 4, "torch.zeros")
 
 
 def stream_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                   w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
                   bias: Optional[torch.Tensor], out_dtype: torch.dtype,
-                  config: Optional[StreamConfig] = None) -> torch.Tensor:
+                  config: Optional[StreamConfig] = None,
+                  counters: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [M, K] @ W.T + bias (contiguous, [N]), rounded once to out_dtype, for the weight W [N,
     K] given in the stream layout (codes, scales: stream_layout.pack's) and in the standard one
     (w_scale [N, K / 32], w_data [N, packed K], unit stride along K: read only to recompute a
-    tile exactly)."""
+    tile exactly). `config` None: default_config with split_k's split. `counters`: the split-K
+    counters (int32 [N / 64], zero, left zero), or None for fresh zeros where K is split."""
     from ._gl_stream import stream_linear_kernel
     N = w_data.shape[0] if w_data.dim() == 2 else 0
     K = x.shape[-1]
@@ -193,27 +232,29 @@ def stream_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"stream_linear: the standard parts must have unit stride along K and "
                          f"scale bytes [{N}, {K // 32}], got data strides {w_data.stride()}, "
                          f"scale {tuple(w_scale.shape)} with strides {w_scale.stride()}")
-    check_parts(codes, scales, fmt, N, K, x.device)
+    check_parts(codes, scales, counters, fmt, N, K, x.device)
     out = torch.empty((x.shape[0], N), dtype=out_dtype, device=x.device)
     grid, arguments, constants = kernel_arguments(x, codes, scales, w_scale, w_data, fmt, bias,
-                                                  out, config)
+                                                  out, config, counters)
     stream_linear_kernel[grid](*arguments, **constants)
     return out
 
 
 def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias, out,
-                     config: Optional[StreamConfig] = None):
+                     config: Optional[StreamConfig] = None, counters=None):
     """(grid, arguments, constexprs) of stream_linear_kernel for these operands (checked by
     the caller): TMA descriptors of the stream codes, x and the stream scales, then the
-    standard parts, bias and out. The tests compile the kernel for sm_90 from these on the CPU."""
+    standard parts, bias, out and, where K is split, the fp32 partials [split, N, MP] and the
+    counters (fresh zeros for None). The tests compile the kernel for sm_90 from these on the
+    CPU."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     (M, K), N = x.shape, out.shape[1]
-    cfg = config or default_config(fmt, M, K)
+    cfg = config or default_config(fmt, M, K, split_k(N, K, x.device))
     steps = K // stream_layout.STEP_CODES
-    if steps % cfg.sub or steps // cfg.sub < 2:
+    if steps % cfg.sub or steps // cfg.sub < 2 * cfg.split:
         raise ValueError(f"stream_linear: config {cfg} needs K / 128 = {steps} to be a multiple "
-                         f"of sub with at least two slots' worth")
+                         f"of sub with at least two slots' worth a part")
     MP = _rows_padded(M)
     if cfg.stages * _slot_bytes(fmt, MP, cfg.sub) + 64 * MP * 4 > _SHARED_BYTES:
         raise ValueError(f"stream_linear: config {cfg} needs more shared memory than sm_90 has "
@@ -230,11 +271,17 @@ def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias,
         TensorDescriptor(scales2, list(scales2.shape), [sb, 1], [cfg.sub, sb],
                          gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8,
                                               rank=2)))
+    partials = out  # not read without split-K
+    if cfg.split > 1:
+        partials = torch.empty(cfg.split * N * MP, dtype=torch.float32, device=x.device)
+        if counters is None:
+            counters = torch.zeros(N // stream_layout.CHUNK, dtype=torch.int32, device=x.device)
     low, high = FAST_SCALES[fmt]
     arguments = (*descriptors, x, w_data.view(torch.uint8), w_scale,
-                 bias if bias is not None else out, out, M, K, x.stride(0), w_data.stride(0),
+                 bias if bias is not None else out, out, partials,
+                 counters if counters is not None else out, M, K, x.stride(0), w_data.stride(0),
                  w_scale.stride(0), out.stride(0))
-    constants = dict(MP=MP, STAGES=cfg.stages, SUB=cfg.sub, HAS_BIAS=bias is not None,
-                     E5M2=fmt == dtypes.float8_e5m2, S_MIN=low, S_MAX=high, num_warps=4,
-                     **_format_constants(fmt))
-    return (N // stream_layout.CHUNK,), arguments, constants
+    constants = dict(MP=MP, STAGES=cfg.stages, SUB=cfg.sub, SPLIT=cfg.split,
+                     HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2, S_MIN=low,
+                     S_MAX=high, num_warps=4, **_format_constants(fmt))
+    return (N // stream_layout.CHUNK * cfg.split,), arguments, constants

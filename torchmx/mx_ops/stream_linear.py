@@ -1,20 +1,23 @@
 """`torch.ops.torchmx.mx_stream_linear`: F.linear with an MX weight that also has a copy in the
 stream layout (torchmx/kernels/stream_layout.py).
 
-    mx_stream_linear(input, stream_codes, stream_scales, weight_scale, weight_data,
-                     elem_dtype_name, in_features, bias, out_dtype)
+    mx_stream_linear(input, stream_codes, stream_scales, stream_counters, weight_scale,
+                     weight_data, elem_dtype_name, in_features, bias, out_dtype)
         = mx_weight_linear(input, weight_scale, weight_data, elem_dtype_name, 32, in_features,
                            bias, out_dtype)
 
 On a Hopper GPU (sm_90) with Gluon, for bf16 input with STREAM_ROWS activation rows and a
-weight whose 64-row tiles fill enough of the GPU's waves (stream_linear.fills_waves), it runs
-stream_linear on the copy (one CTA per 64-row tile, no split-K); otherwise the standard-layout
-parts take the usual path (mx_weight_linear). Both are the exact product, fp32 accumulation
-and one rounding (the fp32 summation orders can differ, so can the last bits), so the choice
-is by speed alone. Being one custom op, the choice is made at run time, also under
-torch.compile with dynamic shapes. Unlike the fragment and piece ops, the kernel keeps no
-split-K counters: calls on one weight may run on several streams at once.
-MXInferenceLinear.prepack builds the copy.
+weight whose CTAs fill enough of the GPU's waves (stream_linear.fills_waves: one a 64-row
+tile, or a few sharing its K where the tiles are few), it runs stream_linear on the copy;
+otherwise the standard-layout parts take the usual path (mx_weight_linear). Both are the exact
+product, fp32 accumulation and one rounding (the fp32 summation orders can differ, so can the
+last bits), so the choice is by speed alone. Being one custom op, the choice is made at run
+time, also under torch.compile with dynamic shapes.
+
+`stream_counters` (int32 [N / 64] zeros) is written during a call where K is split and left at
+zero (the split-K arrival counters): the op is not declared as mutating it, since no call
+observes a change; calls on one weight must not run concurrently on two streams, as for the
+fragment and piece ops. MXInferenceLinear.prepack builds the copy and its counters.
 """
 
 from typing import Optional
@@ -58,20 +61,21 @@ def _stream_rows(input: Tensor, weight_scale: Tensor, fmt: dtypes.DType,
         x = x.clone(memory_format=torch.contiguous_format)
     N, K = weight_scale.shape[0], input.shape[-1]
     return (x if stream_linear.eligible(x, fmt, N, K)
-            and stream_linear.fills_waves(fmt, N, x.device, rows) else None)
+            and stream_linear.fills_waves(fmt, N, K, x.device, rows) else None)
 
 
 @torch.library.custom_op("torchmx::mx_stream_linear", mutates_args=())
 def mx_stream_linear(input: Tensor, stream_codes: Tensor, stream_scales: Tensor,
-                     weight_scale: Tensor, weight_data: Tensor, elem_dtype_name: str,
-                     in_features: int, bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+                     stream_counters: Tensor, weight_scale: Tensor, weight_data: Tensor,
+                     elem_dtype_name: str, in_features: int, bias: Optional[Tensor],
+                     out_dtype: torch.dtype) -> Tensor:
     """F.linear(input, W, bias) rounded once to out_dtype, W the MX weight (blocks of 32) given
     both ways (see the module docstring)."""
     from ..kernels import stream_linear
     fmt = weight_matmul._check_parts(input, weight_scale, weight_data, elem_dtype_name, 32,
                                      in_features, bias, out_dtype, op="mx_stream_linear")
     N = weight_scale.shape[0]
-    stream_linear.check_parts(stream_codes, stream_scales, fmt, N, in_features,
+    stream_linear.check_parts(stream_codes, stream_scales, stream_counters, fmt, N, in_features,
                               weight_scale.device, op="mx_stream_linear")
     x = _stream_rows(input, weight_scale, fmt, out_dtype)
     if x is None:
@@ -80,11 +84,12 @@ def mx_stream_linear(input: Tensor, stream_codes: Tensor, stream_scales: Tensor,
                                                   out_dtype)
     bias = bias.contiguous() if bias is not None else None
     out = stream_linear.stream_linear(x, stream_codes, stream_scales, weight_scale.contiguous(),
-                                      weight_data.contiguous(), fmt, bias, out_dtype)
+                                      weight_data.contiguous(), fmt, bias, out_dtype,
+                                      counters=stream_counters)
     return out.reshape(*input.shape[:-1], N)
 
 
 @mx_stream_linear.register_fake
-def _mx_stream_linear_fake(input, stream_codes, stream_scales, weight_scale, weight_data,
-                           elem_dtype_name, in_features, bias, out_dtype):
+def _mx_stream_linear_fake(input, stream_codes, stream_scales, stream_counters, weight_scale,
+                           weight_data, elem_dtype_name, in_features, bias, out_dtype):
     return input.new_empty((*input.shape[:-1], weight_scale.shape[0]), dtype=out_dtype)

@@ -29,7 +29,7 @@ __all__ = ["MXInferenceLinear", "prepack_weights"]
 
 _EXTRA_STATE_VERSION = 1
 # prepack()'s copy of the weight (the stream layout, the fragment layout for MXFP4 or the piece
-# layout): its codes, its scales and the kernel's split-K counters (None for the stream layout).
+# layout): its codes, its scales and the kernel's split-K counters.
 _FRAGMENT_BUFFERS = ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters")
 
 
@@ -66,8 +66,8 @@ def _packed_linear(x, weight_mx, bias, activations_config, fragment):
         layout, codes, scales, counters, fold, elem_dtype_name = fragment
         if layout == "stream":
             return torch.ops.torchmx.mx_stream_linear(
-                x, codes, scales, weight_mx._scale_e8m0, weight_mx._data, elem_dtype_name,
-                weight_mx.shape[1], bias, x.dtype)
+                x, codes, scales, counters, weight_mx._scale_e8m0, weight_mx._data,
+                elem_dtype_name, weight_mx.shape[1], bias, x.dtype)
         if layout == "fragment":
             return torch.ops.torchmx.mx_fp4_fragment_linear(
                 x, codes, scales, counters, fold, weight_mx._scale_e8m0, weight_mx._data,
@@ -81,13 +81,14 @@ def _packed_linear(x, weight_mx, bias, activations_config, fragment):
 _LAYOUT_NAMES = {stream_layout: "stream", fragment_layout: "fragment", piece_layout: "piece"}
 
 
-def _stream_layout_wanted(fmt: dtypes.DType, out_features: int, device: torch.device) -> bool:
-    """Whether prepack() makes a stream-layout copy of a weight of this format with
-    out_features rows on `device`: an sm_90 GPU where Triton has Gluon, with the weight's
-    64-row tiles filling enough of the GPU's waves (stream_linear.fills_waves; the kernel has
-    no split-K). Elsewhere the fragment and piece kernels are the faster."""
+def _stream_layout_wanted(fmt: dtypes.DType, out_features: int, in_features: int,
+                          device: torch.device) -> bool:
+    """Whether prepack() makes a stream-layout copy of a weight [out_features, in_features] of
+    this format on `device`: an sm_90 GPU where Triton has Gluon, with the kernel's CTAs (its
+    64-row tiles, times the split of K) filling enough of the GPU's waves
+    (stream_linear.fills_waves). Elsewhere the fragment and piece kernels are the faster."""
     return (stream_linear.usable_on(device)
-            and stream_linear.fills_waves(fmt, out_features, device))
+            and stream_linear.fills_waves(fmt, out_features, in_features, device))
 
 
 def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
@@ -99,7 +100,8 @@ def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
     if qconfig.activations_config is not None:
         return None
     layouts = (fragment_layout, piece_layout)  # MXFP4: fragments, the faster
-    if fmt in stream_layout.FORMATS and _stream_layout_wanted(fmt, out_features, device):
+    if (fmt in stream_layout.FORMATS
+            and _stream_layout_wanted(fmt, out_features, in_features, device)):
         layouts = (stream_layout,) + layouts
     for layout in layouts:
         if layout.fits(fmt, block, out_features, in_features):
@@ -261,11 +263,9 @@ class MXInferenceLinear(nn.Module):
             raise ValueError(f"{self._describe()}.prepack(): the weight is on the meta device; "
                              "load its values first")
         self._fragment_fold = True  # used by the fragment kernel alone
-        counters = True
         if layout is stream_layout:
             codes, scales = stream_layout.pack(self.weight_scale, self.weight_data,
                                                cfg.elem_dtype)
-            counters = False  # no split-K
         elif layout is fragment_layout:
             codes, scales = fragment_layout.preshuffle(self.weight_scale, self.weight_data)
             self._fragment_fold = fragment_layout.fold_scales(self.weight_scale)
@@ -273,8 +273,7 @@ class MXInferenceLinear(nn.Module):
             codes, scales = piece_layout.pack(self.weight_scale, self.weight_data, cfg.elem_dtype)
         self.weight_fragment_codes, self.weight_fragment_scales = codes, scales
         self.weight_fragment_counters = torch.zeros(
-            self.out_features // layout.CHUNK, dtype=torch.int32,
-            device=codes.device) if counters else None
+            self.out_features // layout.CHUNK, dtype=torch.int32, device=codes.device)
         self._fragment_layout = _LAYOUT_NAMES[layout]
         self._fragment_source = self._weight_source()
         return self
