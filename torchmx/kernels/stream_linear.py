@@ -26,17 +26,18 @@ Triton's language cannot express its warp roles:
   came last) and resets the counter to zero for the next call;
 - the bias is added in fp32 and the sum rounded once to the output dtype.
 
+The counters (int32, one a tile, zero between calls: prepack's copy keeps its own) make
+concurrent calls on one weight on two streams race when K is split, as for the fragment and
+piece kernels.
+
 Numerics are those of kernels/matmul.py: exact bf16 products, fp32 sums, one rounding (the
 order of the fp32 sums depends on the split, so on the GPU's SM count; runs on one GPU give
-the same bits). The counters (int32, one a tile, zero between calls: prepack's copy keeps its
-own) make concurrent calls on one weight on two streams race when K is split, as for the
-fragment and piece kernels. A word
-the decode cannot take exactly (a scale byte outside FAST_SCALES, an e4m3 NaN code, an e5m2 Inf
-or NaN code) gets a NaN multiplier (mma_linear._multiplier; a NaN or Inf code poisons all of its
-lane's words of that row); a CTA whose sums end up NaN or Inf, from such a word or
-otherwise (x, overflow), recomputes its tile from the standard layout with exact fp32 decodes
-and fp32 FMA sums, which gives the contract's result, NaN and Inf included. Ordinary weights
-never take that path.
+the same bits). A word the decode cannot take exactly (a scale byte outside FAST_SCALES, an
+e4m3 NaN code, an e5m2 Inf or NaN code) gets a NaN multiplier (mma_linear._multiplier; a NaN
+or Inf code poisons all of its lane's words of that row); a tile whose sums end up NaN or Inf,
+from such a word or otherwise (x, overflow), is recomputed from the standard layout (by its
+last CTA, where K is split) with exact fp32 decodes and fp32 FMA sums, which gives the
+contract's result, NaN and Inf included. Ordinary weights never take that path.
 
 Gluon kernels do not run under Triton's interpreter: on the CPU the tests compile the kernel
 for sm_90 (and check that ptxas keeps the wgmmas asynchronous) and check the layout; the bits

@@ -231,15 +231,18 @@ class MXInferenceLinear(nn.Module):
         kernel that reads the copy. For MXFP4, MXFP8 and MXINT8 weights on an sm_90 GPU where
         Triton has Gluon (Triton 3.6), the stream layout (torchmx/kernels/stream_layout.py;
         1 to 64 rows for MXFP4, 2 to 64 for the others; in features a multiple of 128, at
-        least 256; out features whose 64-row tiles fill enough of the GPU's waves, such as
-        8192 on an H100, and 14336 for MXFP4; one MXFP4 row only where they fill 90%). Otherwise, and for the shapes it does not take: for MXFP4 the fragment layout
+        least 256; weights whose kernel CTAs, one per 64-row tile or a few sharing its in
+        features (split-K), fill enough of the GPU's waves: on an H100 out features 1024,
+        4096 and 8192, and 14336 for MXFP4; one MXFP4 row only unsplit where they fill 90%).
+        Otherwise, and for the shapes it does not take: for MXFP4 the fragment layout
         (torchmx/kernels/fragment_layout.py, 2 to 64 rows), for the other formats the piece
         layout (torchmx/kernels/piece_layout.py; 2 to 64 rows, fp6 1 to 32). All are faster
         than the standard layout's kernels (docs/matmul.md). Other inputs take the usual path,
         with the same numerics (exact products, fp32 sums, one rounding). Needs a weight-only
         config (no activations_config) with weights in blocks of 32, out_features a multiple
         of 64 and in_features of 64 (fp4, one-byte formats) or 128 (fp6). The copy costs the
-        weight's bytes again. Its layout is chosen for the weight's device when prepack() runs
+        weight's bytes again (plus its split-K counters, N / 16 bytes: calls on one prepacked
+        layer must not run concurrently on two CUDA streams). Its layout is chosen for the weight's device when prepack() runs
         (and again when a state dict is loaded). It is not saved in the state dict and follows
         .to(device). It is rebuilt when a state dict is loaded, when a pickled layer is loaded
         (torch.load, copy.deepcopy), and by an eager forward after the weight buffers were
