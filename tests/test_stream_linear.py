@@ -189,6 +189,24 @@ def test_config_errors():
         stream_linear.default_config(dtypes.float6_e2m3, 16, 1024)
 
 
+@needs_gluon
+def test_kernel_arguments_refuse_configs_that_do_not_fit():
+    """A split that leaves a part fewer than two ring slots, or a ring too big for shared
+    memory, is a ValueError naming the config (before any launch)."""
+    fmt, N, K = dtypes.float4_e2m1, 64, 1024  # 8 steps: 4 slots of 2 sub-steps
+    x, out = torch.zeros(16, K, dtype=torch.bfloat16), torch.zeros(16, N, dtype=torch.bfloat16)
+    codes = torch.zeros(N * K // sl.STEP_CODES * sl.step_bytes(fmt), dtype=torch.uint8)
+    scales, w_scale = torch.zeros(N * K // 32, dtype=torch.uint8), torch.zeros(N, K // 32,
+                                                                              dtype=torch.uint8)
+    w_data = torch.zeros(N, K // 2, dtype=torch.uint8)
+    parts = (x, codes, scales, w_scale, w_data, fmt, None, out)
+    stream_linear.kernel_arguments(*parts, stream_linear.StreamConfig(6, 2, 2))
+    with pytest.raises(ValueError, match="two slots' worth a part"):
+        stream_linear.kernel_arguments(*parts, stream_linear.StreamConfig(6, 2, 3))
+    with pytest.raises(ValueError, match="more shared memory"):
+        stream_linear.kernel_arguments(*parts, stream_linear.StreamConfig(16, 2))
+
+
 @pytest.mark.parametrize("tiles,K,sms,split", [
     (128, 8192, 132, 1), (224, 4096, 132, 1), (66, 8192, 132, 2), (64, 14336, 132, 2),
     (64, 4096, 132, 2), (16, 4096, 132, 8), (32, 4096, 132, 4), (48, 4096, 132, 2),
@@ -396,25 +414,17 @@ def test_split_k_is_exact_and_leaves_its_counters_at_zero(fmt, M, N, K, split):
 
 @gpu_only
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_split_k_is_deterministic_and_within_fp32_accumulation(fmt):
-    torch.manual_seed(5)
-    x = torch.randn(16, 4096, dtype=torch.bfloat16, device=DEVICE)
-    w = MXTensor.to_mx(torch.randn(256, 4096, device=DEVICE) * 4, fmt, 32)
-    bias = torch.randn(256, dtype=torch.bfloat16, device=DEVICE)
-    cfg = stream_linear.default_config(w.elem_dtype, 16, 4096, 4)
+@pytest.mark.parametrize("M,N,K,split", [(7, 128, 1024, 1), (7, 128, 1024, 2),
+                                         (16, 256, 4096, 4)])
+def test_random_within_fp32_accumulation_and_deterministic(fmt, M, N, K, split):
+    torch.manual_seed(3)
+    x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
+    w = MXTensor.to_mx(torch.randn(N, K, device=DEVICE) * 4, fmt, 32)
+    bias = torch.randn(N, dtype=torch.bfloat16, device=DEVICE)
+    cfg = stream_linear.default_config(w.elem_dtype, M, K, split)
     outs = [_stream(x, w, bias, config=cfg) for _ in range(3)]
     assert all(torch.equal(o, outs[0]) for o in outs)
     assert_within_fp32_accumulation(outs[0], x, w, bias)
-
-
-@gpu_only
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_random_within_fp32_accumulation(fmt):
-    torch.manual_seed(3)
-    x = torch.randn(7, 1024, dtype=torch.bfloat16, device=DEVICE)
-    w = MXTensor.to_mx(torch.randn(128, 1024, device=DEVICE) * 4, fmt, 32)
-    bias = torch.randn(128, dtype=torch.bfloat16, device=DEVICE)
-    assert_within_fp32_accumulation(_stream(x, w, bias), x, w, bias)
 
 
 @gpu_only
