@@ -1,17 +1,18 @@
 """The stream kernel (kernels/stream_linear.py, Gluon) vs the kernels it replaces (issue #7).
 
     python benchmarks/bench_stream_linear.py        # needs an sm_90 GPU and Triton with Gluon
+    python benchmarks/bench_stream_linear.py --formats float6_e2m3 --parts check,wave
 
 Checks first: every format through the kernel and through torch.ops.torchmx.mx_stream_linear
-(the op that MXInferenceLinear.prepack() layers call; it runs the kernel for 1 (MXFP4) or 2
-..64 rows and weights whose tiles fill the GPU's waves)
+(the op that MXInferenceLinear.prepack() layers call; it runs the kernel for 1 (MXFP4, MXFP6)
+or 2 ..64 rows and weights whose tiles fill the GPU's waves)
 against the exact product, bit for bit on operands whose sums are exact. Then, at N = K =
 8192, by CUDA-graph replays over 8 weight copies (microseconds per call):
 
 - the ring configurations (slots, sub-steps a slot) at 1, 16 and 64 rows: what
   stream_linear._PREFERRED is chosen from;
 - per format and rows: the read-only floor of the weight's bytes, the stream kernel at its
-  default config, the fragment (MXFP4) or piece (MXFP8, MXINT8) kernel (the prepacked copies
+  default config, the fragment (MXFP4) or piece (MXFP8, MXFP6, MXINT8) kernel (the prepacked copies
   where Triton has no Gluon; at one row the usual path, byte_gemv's one-row kernels, which
   the op keeps for one row), and cuBLAS bf16 on the unquantized weight; ratios are their
   time / the stream kernel's;
@@ -21,6 +22,7 @@ against the exact product, bit for bit on operands whose sums are exact. Then, a
   kernel unsplit.
 """
 
+import argparse
 import datetime
 import os
 import statistics
@@ -39,7 +41,10 @@ from torchmx.kernels import stream_layout, stream_linear  # noqa: E402
 from torchmx.mx_ops import stream_linear as stream_op  # noqa: E402
 from _timing import graph_time_us, interleaved_us  # noqa: E402
 
-FORMATS = [dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8]
+FORMATS = [dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8,
+           dtypes.float6_e2m3, dtypes.float6_e3m2]
+# formats timed at every row count (the others at 16 rows): one of each decode
+ALL_ROWS = (dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float6_e2m3)
 ROWS = [1, 2, 4, 8, 16, 32, 64]
 SWEEP_ROWS = [1, 16, 64]
 RINGS = [(2, 2), (4, 1), (4, 2), (6, 1), (6, 2), (8, 1), (8, 2)]
@@ -62,9 +67,9 @@ def kernel_call(x, w, p, bias=None, config=None):
                                        bias, x.dtype, config, counters)
 
 
-def check_all():
+def check_all(formats):
     torch.manual_seed(0)
-    for fmt in FORMATS:
+    for fmt in formats:
         for M, N, K in [(1, 256, 1024), (7, 320, 384), (16, 8192, 8192), (33, 128, 4096),
                         (64, 1024, 2048), (16, 1024, 4096), (2, 4096, 4096)]:
             w = MXTensor.to_mx(torch.randn(N, K, device="cuda"), fmt, 32)
@@ -72,7 +77,7 @@ def check_all():
             b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
             p = parts(w)
             check(kernel_call(x, w, p, b), x, w, b, f"stream {fmt.name} {M}x{N}x{K}")
-            runs = ((M > 1 or fmt == dtypes.float4_e2m1)
+            runs = (M in stream_op.STREAM_ROWS[fmt.codes_per_group]
                     and stream_linear.fills_waves(fmt, N, K, x.device, M))
             assert stream_op.uses_stream_kernel(x, w._scale_e8m0, fmt, torch.bfloat16) == runs
             check(stream_op_call(x, w, p, b), x, w, b, f"op {fmt.name} {M}x{N}x{K}")
@@ -87,9 +92,9 @@ def check_all():
           "exact), through the kernel and the op")
 
 
-def sweep(N, K):
+def sweep(N, K, formats):
     print(f"\nring configurations (slots, sub-steps), N = K = {N}: microseconds per call")
-    for fmt in (dtypes.float4_e2m1, dtypes.float8_e4m3):
+    for fmt in [f for f in ALL_ROWS if f in formats]:
         ws = make_weights(fmt, N, K, ROTATE)
         ps = [parts(w) for w in ws]
         for M in SWEEP_ROWS:
@@ -109,18 +114,18 @@ def sweep(N, K):
         del ws, ps
 
 
-def table(N, K):
+def table(N, K, formats):
     print(f"\nfew-row MX-weight linear, N = K = {N}: microseconds per call; ratios = their "
           f"time / the stream kernel's")
     print(f"{'format':12s} {'M':>3s} {'floor':>6s} {'stream':>7s} {'previous':>17s} "
           f"{'cuBLAS bf16':>16s}")
     dense = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(ROTATE)]
-    for fmt in FORMATS:
+    for fmt in formats:
         ws = make_weights(fmt, N, K, ROTATE)
         ps = [parts(w) for w in ws]
         old = [prepacked_parts(w) for w in ws]
         floor = read_floor_us(ws)
-        for M in ROWS if fmt in (dtypes.float4_e2m1, dtypes.float8_e4m3) else [16]:
+        for M in ROWS if fmt in ALL_ROWS else [16]:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             ours = graph_time_us([lambda w=w, p=p: kernel_call(x, w, p) for w, p in zip(ws, ps)])
             if prepacked_kernel_runs(fmt, M):
@@ -136,7 +141,7 @@ def table(N, K):
         del ws, ps, old
 
 
-def wave_policy():
+def wave_policy(formats):
     """The shapes behind stream_linear's wave policy: Llama-3-8B's projections (and N = K =
     8192) at the row counts where the policy's answers differ."""
     print("\nwave policy: the stream kernel vs the kernel it would replace, Llama-3-8B's shapes "
@@ -144,7 +149,10 @@ def wave_policy():
           "the stream kernel without split-K")
     print(f"{'format':12s} {'N':>6s} {'K':>6s} {'M':>3s} {'split':>5s} {'fill':>5s} "
           f"{'stream':>7s} {'unsplit':>8s} {'previous':>17s} {'ratio':>6s}  policy")
-    for fmt, rows in ((dtypes.float4_e2m1, (1, 16, 64)), (dtypes.float8_e4m3, (16, 64))):
+    for fmt, rows in ((dtypes.float4_e2m1, (1, 16, 64)), (dtypes.float8_e4m3, (16, 64)),
+                      (dtypes.float6_e2m3, (1, 16, 64))):
+        if fmt not in formats:
+            continue
         for N, K in ((8192, 8192), (14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)):
             ws = make_weights(fmt, N, K, ROTATE)
             ps = [parts(w) for w in ws]
@@ -174,15 +182,32 @@ def wave_policy():
             del ws, ps, old
 
 
+PARTS = ("check", "sweep", "table", "wave")
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--formats", default=",".join(f.name for f in FORMATS),
+                        help="comma-separated formats (default: all)")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
+    args = parser.parse_args()
+    formats = [dtypes.from_name(name) for name in args.formats.split(",")]
+    todo = args.parts.split(",")
+    if not set(todo) <= set(PARTS):
+        parser.error(f"--parts: choose from {', '.join(PARTS)}, got {args.parts}")
     N = K = 8192
     print(f"stream kernel vs the kernels it replaces ({torch.cuda.get_device_name()}, torch "
           f"{torch.__version__}, Triton {triton.__version__}, {datetime.date.today()}; "
           f"CUDA-graph replays over {ROTATE} weight copies)\n")
-    check_all()
-    sweep(N, K)
-    table(N, K)
-    wave_policy()
+    if "check" in todo:
+        check_all(formats)
+    if "sweep" in todo:
+        sweep(N, K, formats)
+    if "table" in todo:
+        table(N, K, formats)
+    if "wave" in todo:
+        wave_policy(formats)
 
 
 if __name__ == "__main__":

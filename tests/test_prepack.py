@@ -35,7 +35,7 @@ def stream_copies(request, monkeypatch):
     default for weights that fill the GPU's waves; on the CPU it does not)."""
     monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda *_: request.param)
     # the kernel's wave policy would send these small layers to the usual path
-    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0})
+    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0, 4: 0.0})
     monkeypatch.setattr(stream_linear, "ONE_ROW_MIN_FILL", 0.0)
     return request.param
 
@@ -94,7 +94,7 @@ def test_prepacked_layer_equals_the_plain_one(fmt, rows):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_copy_is_the_weight_in_its_layout(fmt, stream_copies):
     layer = _layer(fmt=fmt).prepack()
-    expected = ("stream" if stream_copies and fmt != "float6_e3m2" else
+    expected = ("stream" if stream_copies else
                 "fragment" if fmt == "float4_e2m1" else "piece")
     assert layer._fragment_layout == expected
     s, d = _unpacked(layer)

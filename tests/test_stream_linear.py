@@ -22,8 +22,10 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
                              assert_within_fp32_accumulation, integer_operands,
                              one_product_per_row, reference)
 
-FORMATS = ["float8_e4m3", "float8_e5m2", "int8", "float4_e2m1"]
+FORMATS = ["float8_e4m3", "float8_e5m2", "int8", "float4_e2m1", "float6_e2m3", "float6_e3m2"]
 FP8 = FORMATS[:2]
+FP6 = FORMATS[4:]
+OTHER = dtypes.ExMy(3, 3)  # a custom minifloat: no stream layout
 ON_GPU = DEVICE == "cuda" and stream_linear.usable_on(torch.device("cuda"))
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on sm_90 GPUs only")
 needs_gluon = pytest.mark.skipif(not stream_linear.available(), reason="this Triton has no Gluon")
@@ -33,7 +35,7 @@ needs_gluon = pytest.mark.skipif(not stream_linear.available(), reason="this Tri
 def any_tile_count(monkeypatch):
     """The op runs the kernel for weights of any tile count here (small ones, fast to test);
     test_wave_policy checks the real policy."""
-    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0})
+    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0, 4: 0.0})
     monkeypatch.setattr(stream_linear, "ONE_ROW_MIN_FILL", 0.0)
 
 
@@ -71,8 +73,9 @@ def test_every_code_lands_where_the_kernel_reads_it(fmt):
     """Code (n, k) sits in word S t + s of its row's step, with (t, s) from the module
     docstring's formula, computed here element by element: one-byte codes as byte 2 h + b,
     fp4 codes where the kernel's decode of register 2 o + h finds them (sign at bit 15, the
-    magnitude at bits 8..6, + 16 for b = 1). Scale byte (n, b) is byte b % 4 of the row's
-    step b // 4."""
+    magnitude at bits 8..6, + 16 for b = 1), fp6 codes as code 2 h + b of lane t's group s
+    (its bytes 0..15 in plane A, 16..23 in plane B). Scale byte (n, b) is byte b % 4 of the
+    row's step b // 4."""
     fmt = dtypes.from_name(fmt)
     N, K = 128, 512
     scale, data = _random_parts(fmt, N, K, seed=1)
@@ -82,23 +85,31 @@ def test_every_code_lands_where_the_kernel_reads_it(fmt):
     n, k = torch.meshgrid(torch.arange(N), torch.arange(K), indexing="ij")
     step, c = k // 128, k % 128
     b, t, h = c % 2, (c // 2) % 4, (c // 8) % 2
-    if fp4:  # code 32 s + 16 o + 8 h + 2 t + b
-        o, s = (c // 16) % 2, c // 32
-        words_a_row = 16
-    else:  # code 16 s + 8 h + 2 t + b
+    row_step = (n // 64 * (K // 128) + step) * 64 + n % 64  # a row's step, in step order
+    if fmt in sl.FP6:  # code 16 s + 8 h + 2 t + b: lane t's group s, its code 2 h + b
         s = c // 16
-        words_a_row = 32
-    word = ((n // 64 * (K // 128) + step) * 64 + n % 64) * words_a_row + (words_a_row // 4) * t + s
-    as_words = (codes.view(torch.int32).to(torch.int64) & 0xFFFFFFFF)[word]
-    if fp4:
-        found = torch.zeros_like(logical)
-        for r in range(4):
-            half = (_fp4_register(as_words, r) >> (16 * b)) & 0xFFFF
-            code = (half >> 15) << 3 | (half >> 6) & 7
-            found = torch.where(2 * o + h == r, code, found)
-        assert torch.equal(found, logical & 0xF)
+        plane_a, plane_b = codes.split([codes.numel() * 2 // 3, codes.numel() // 3])
+        lanes = torch.cat([plane_a.reshape(-1, 4, 16), plane_b.reshape(-1, 4, 8)], dim=-1)
+        found = unpack_codes(lanes, fmt, 32).to(torch.int64)[row_step, t, 4 * s + 2 * h + b]
+        assert torch.equal(found, logical)
     else:
-        assert torch.equal((as_words >> (8 * (2 * h + b))) & 0xFF, logical & 0xFF)
+        if fp4:  # code 32 s + 16 o + 8 h + 2 t + b
+            o, s = (c // 16) % 2, c // 32
+            words_a_row = 16
+        else:  # code 16 s + 8 h + 2 t + b
+            s = c // 16
+            words_a_row = 32
+        word = row_step * words_a_row + (words_a_row // 4) * t + s
+        as_words = (codes.view(torch.int32).to(torch.int64) & 0xFFFFFFFF)[word]
+        if fp4:
+            found = torch.zeros_like(logical)
+            for r in range(4):
+                half = (_fp4_register(as_words, r) >> (16 * b)) & 0xFFFF
+                code = (half >> 15) << 3 | (half >> 6) & 7
+                found = torch.where(2 * o + h == r, code, found)
+            assert torch.equal(found, logical & 0xF)
+        else:
+            assert torch.equal((as_words >> (8 * (2 * h + b))) & 0xFF, logical & 0xFF)
     nb, blk = torch.meshgrid(torch.arange(N), torch.arange(K // 32), indexing="ij")
     at = ((nb // 64 * (K // 128) + blk // 4) * 64 + nb % 64) * 4 + blk % 4
     assert torch.equal(scales[at], scale)
@@ -134,16 +145,26 @@ def test_golden_order_of_a_row():
     # 21, 12; m of (2, 1) at 9; sign of (3, 0) at 3, sign and m of (3, 1) at 19, 20
     assert [hex(v) for v in fp4[:8].tolist()] == ["0x28", "0x12", "0x78", "0x0",
                                                    "0x28", "0x12", "0x78", "0x0"]
+    e2m3 = sl.pack(torch.zeros(N, K // 32, dtype=torch.uint8),
+                   pack_codes(cols % 64, dtypes.float6_e2m3), dtypes.float6_e2m3)[0]
+    # lane 0's group s holds codes 16 s + (0, 1, 8, 9) (mod 64), little-endian: group 0 is
+    # 0 | 1 << 6 | 8 << 12 | 9 << 18 = 0x248040, group 1 0x658450. Plane B (from 2/3 of the
+    # bytes on) starts with lane 0's bytes 16..23: group 5's last two (as group 1's), then
+    # groups 6 (codes 32, 33, 40, 41: 0xa68860) and 7 (48, 49, 56, 57: 0xe78c70)
+    assert [hex(v) for v in e2m3[:6].tolist()] == ["0x40", "0x80", "0x24", "0x50", "0x84", "0x65"]
+    assert [hex(v) for v in e2m3[e2m3.numel() * 2 // 3:][:8].tolist()] == [
+        "0x84", "0x65", "0x60", "0x88", "0xa6", "0x70", "0x8c", "0xe7"]
 
 
 @pytest.mark.parametrize("fmt,block,N,K,fits", [
     ("float8_e4m3", 32, 64, 256, True), ("float4_e2m1", 32, 8192, 8192, True),
     ("int8", 32, 64, 384, True), ("float8_e5m2", 32, 64, 128, False),  # one step
-    ("float8_e4m3", 64, 64, 256, False), ("float6_e2m3", 32, 64, 256, False),
+    ("float8_e4m3", 64, 64, 256, False), ("float6_e2m3", 32, 64, 256, True),
+    ("float6_e3m2", 32, 128, 384, True), ("e3m3", 32, 64, 256, False),
     ("float8_e4m3", 32, 96, 256, False), ("float8_e4m3", 32, 64, 320, False),
     ("float8_e4m3", 32, 0, 256, False), ("float4_e2m1", 32, 2 ** 20, 2 ** 18, False)])
 def test_fits(fmt, block, N, K, fits):
-    assert sl.fits(dtypes.from_name(fmt), block, N, K) is fits
+    assert sl.fits(dtypes.resolve(fmt), block, N, K) is fits
 
 
 def test_pack_and_unpack_refuse_what_does_not_fit():
@@ -168,7 +189,9 @@ def test_pack_and_unpack_refuse_what_does_not_fit():
     ("float4_e2m1", 64, 8192, (4, 2)), ("float4_e2m1", 33, 384, (6, 1)),
     ("float4_e2m1", 16, 256, (6, 1)), ("float4_e2m1", 16, 512, (6, 2)),
     ("float8_e4m3", 16, 8192, (6, 1)), ("float8_e4m3", 64, 8192, (6, 1)),
-    ("int8", 33, 4096, (6, 1)), ("float8_e5m2", 1, 256, (6, 1))])
+    ("int8", 33, 4096, (6, 1)), ("float8_e5m2", 1, 256, (6, 1)),
+    ("float6_e2m3", 16, 8192, (6, 2)), ("float6_e3m2", 64, 8192, (4, 2)),
+    ("float6_e2m3", 1, 384, (6, 1))])
 def test_default_config(fmt, M, K, expected):
     cfg = stream_linear.default_config(dtypes.from_name(fmt), M, K)
     assert (cfg.stages, cfg.sub, cfg.split) == expected + (1,)
@@ -185,8 +208,8 @@ def test_config_errors():
             stream_linear.StreamConfig(4, 1, split)
     with pytest.raises(ValueError, match="1..64 rows"):
         stream_linear.default_config(dtypes.float8_e4m3, 65, 1024)
-    with pytest.raises(ValueError, match="float6_e2m3"):
-        stream_linear.default_config(dtypes.float6_e2m3, 16, 1024)
+    with pytest.raises(ValueError, match="got e3m3"):
+        stream_linear.default_config(OTHER, 16, 1024)
 
 
 @needs_gluon
@@ -233,10 +256,13 @@ def test_split_k(tiles, K, sms, split, monkeypatch):
     # too few steps to split: 64 tiles alone
     ("float4_e2m1", 16, 64, 512, 132, False), ("float8_e4m3", 2, 16, 256, 132, False),
     # 48 tiles x 2: 73%
-    ("float4_e2m1", 16, 48, 4096, 132, False)])
+    ("float4_e2m1", 16, 48, 4096, 132, False),
+    # MXFP6: from 80%, one row as several
+    ("float6_e2m3", 16, 224, 4096, 132, True), ("float6_e3m2", 1, 224, 4096, 132, True),
+    ("float6_e2m3", 1, 64, 14336, 132, True), ("float6_e3m2", None, 48, 4096, 132, False)])
 def test_wave_policy(fmt, rows, tiles, K, sms, fills, monkeypatch):
-    """The kernel is chosen where its CTAs (tiles x split_k) fill >= 80% (MXFP4) or 90%
-    (one-byte codes) of their waves; one MXFP4 row only unsplit and from 90%."""
+    """The kernel is chosen where its CTAs (tiles x split_k) fill >= 80% (MXFP4, MXFP6) or
+    90% (one-byte codes) of their waves; one MXFP4 row only unsplit and from 90%."""
     monkeypatch.undo()
     monkeypatch.setattr(stream_linear, "_sm_count", lambda device: sms)
     assert stream_linear.fills_waves(dtypes.from_name(fmt), 64 * tiles, K, torch.device("cpu"),
@@ -244,8 +270,8 @@ def test_wave_policy(fmt, rows, tiles, K, sms, fills, monkeypatch):
 
 
 def test_wave_policy_refuses_other_formats():
-    with pytest.raises(ValueError, match="fills_waves: .* got float6_e2m3"):
-        stream_linear.fills_waves(dtypes.float6_e2m3, 8192, 8192, torch.device("cpu"))
+    with pytest.raises(ValueError, match="fills_waves: .* got e3m3"):
+        stream_linear.fills_waves(OTHER, 8192, 8192, torch.device("cpu"))
 
 
 def test_wave_fill(monkeypatch):
@@ -269,7 +295,10 @@ _COMPILED = [("float4_e2m1", 16, 256, 1024, True, "bfloat16"),
              ("float8_e4m3", 16, 512, 1024, False, "bfloat16"),
              ("float8_e4m3", 32, 64, 4096, True, "float32"),
              ("float8_e5m2", 32, 256, 384, False, "bfloat16"),
-             ("int8", 64, 256, 1024, True, "float32")]
+             ("int8", 64, 256, 1024, True, "float32"),
+             ("float6_e2m3", 16, 256, 1024, True, "bfloat16"),
+             ("float6_e3m2", 64, 64, 4096, False, "float32"),
+             ("float6_e3m2", 1, 512, 1024, True, "bfloat16")]
 
 
 def test_the_compiled_cases_cover_each_split():
@@ -277,6 +306,7 @@ def test_the_compiled_cases_cover_each_split():
               for fmt, _, N, K, _, _ in _COMPILED}
     assert {s for (fmt, _, _), s in splits.items() if fmt == "float4_e2m1"} == {1, 2, 8}
     assert {s for (fmt, _, _), s in splits.items() if fmt == "float8_e4m3"} == {1, 2, 8}
+    assert {s for (fmt, _, _), s in splits.items() if fmt.startswith("float6")} == {1, 2, 8}
 
 
 @pytest.fixture(scope="module")
@@ -444,7 +474,9 @@ def test_every_code(fmt):
 @pytest.mark.parametrize("fmt,code", [("float8_e4m3", 0x01), ("float8_e4m3", 0x7E),
                                       ("float8_e5m2", 0x01), ("float8_e5m2", 0x7B),
                                       ("float4_e2m1", 0x1), ("float4_e2m1", 0x7),
-                                      ("int8", 0x01), ("int8", 0x80)])
+                                      ("int8", 0x01), ("int8", 0x80),
+                                      ("float6_e2m3", 0x01), ("float6_e2m3", 0x1F),
+                                      ("float6_e3m2", 0x01), ("float6_e3m2", 0x3F)])
 def test_every_scale(fmt, code):
     """Every scale byte, inside FAST_SCALES (the fast path) and outside (the exact
     recomputation), for the smallest and the largest codes: 0 (2**-127), 254 and 255 (NaN)."""
@@ -459,7 +491,8 @@ def test_every_scale(fmt, code):
 @pytest.mark.parametrize("fmt,poison", [(f, p) for f in FP8 for p in ("nan code", "tiny scale",
                                                                        "huge scale", "nan x")]
                          + [("float4_e2m1", "huge scale"), ("int8", "tiny scale"),
-                            ("int8", "nan scale")])
+                            ("int8", "nan scale"), ("float6_e2m3", "huge scale"),
+                            ("float6_e3m2", "nan scale")])
 @pytest.mark.parametrize("split", [1, 2])
 def test_poisoned_words_recompute_their_tile_exactly(fmt, poison, split):
     """One word off the fast path among ordinary ones: its CTA (with split-K, the last of the
@@ -469,12 +502,12 @@ def test_poisoned_words_recompute_their_tile_exactly(fmt, poison, split):
     scale, data = w._scale_e8m0.clone(), w._data.clone()
     fmt_ = dtypes.from_name(fmt)
     low, high = FAST_SCALES[fmt_]
-    per_byte = fmt_.codes_per_group // fmt_.bytes_per_group
+    byte = lambda code: code * fmt_.bytes_per_group // fmt_.codes_per_group  # noqa: E731
     if poison == "nan code":
         data[70, 100] = 0x7F
     elif poison.endswith("scale"):  # row 70 keeps only block 3, so its sums stay exact
-        data[70, :96 // per_byte] = 0
-        data[70, 128 // per_byte:] = 0
+        data[70, :byte(96)] = 0
+        data[70, byte(128):] = 0
         scale[70, 3] = {"tiny scale": low - 1, "huge scale": high + 1, "nan scale": 255}[poison]
     else:
         x[5, 300] = float("nan")

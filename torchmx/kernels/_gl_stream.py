@@ -11,7 +11,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from ._tl_numerics import decode_value, scale_value
-from .mma_linear import (_DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _SCALE_E2M1_PAIRS,
+from .mma_linear import (_DECODE_E2M3_0, _DECODE_E2M3_1, _DECODE_E2M3_2, _DECODE_E2M3_3,
+                         _DECODE_E3M2_0, _DECODE_E3M2_1, _DECODE_E3M2_2, _DECODE_E3M2_3,
+                         _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _SCALE_E2M1_PAIRS,
                          _multiplier)
 
 KB = gl.constexpr(128)  # codes of a row in one sub-step (stream_layout.STEP_CODES)
@@ -38,6 +40,14 @@ __all__ = ["stream_linear_kernel"]
 
 
 @gluon.constexpr_function
+def fp6_decoder(j, MBITS):
+    """mma_linear's decode of group j (0..3) of an fp6 piece's three words (e3m2: MBITS 2)."""
+    e3m2 = (_DECODE_E3M2_0, _DECODE_E3M2_1, _DECODE_E3M2_2, _DECODE_E3M2_3)
+    e2m3 = (_DECODE_E2M3_0, _DECODE_E2M3_1, _DECODE_E2M3_2, _DECODE_E2M3_3)
+    return (e3m2 if MBITS == 2 else e2m3)[j].value
+
+
+@gluon.constexpr_function
 def word_layout(S):
     """Registers of [64 rows, 4 t, S s] words: lane 4 g + t of warp w holds rows 16 w + g and
     16 w + g + 8, its S words of each in registers (one shared-memory load a row)."""
@@ -45,6 +55,14 @@ def word_layout(S):
     return gl.DistributedLinearLayout(
         reg_bases=regs, lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, S])
+
+
+@gluon.constexpr_function
+def lane_word_layout():
+    """Registers of [64 rows, 4 t] words, one of each lane's row (word_layout's with S = 1)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 4])
 
 
 @gluon.constexpr_function
@@ -63,19 +81,26 @@ def mma_layout(MP):
 
 
 @gluon.jit
-def _loader(w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty, step0, k0, slots,
-            STAGES: gl.constexpr, SUB: gl.constexpr):
+def _loader(w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, ready, empty, step0,
+            k0, slots, STAGES: gl.constexpr, SUB: gl.constexpr, FP6: gl.constexpr):
     """One warp: slot i % STAGES gets the sub-steps step0 + i * SUB .. of the stream (x's
-    columns k0 + i * SUB * KB ..) once its consumer freed it (empty), and signals `ready`
-    when the bytes have landed."""
+    columns k0 + i * SUB * KB .., fp6: both planes of W) once its consumer freed it (empty),
+    and signals `ready` when the bytes have landed."""
     for i in range(slots):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + x_desc.block_type.nbytes
-                        + s_desc.block_type.nbytes)
+        if FP6:
+            mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + wb_desc.block_type.nbytes
+                            + x_desc.block_type.nbytes + s_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + x_desc.block_type.nbytes
+                            + s_desc.block_type.nbytes)
         step = step0 + i * SUB
         tma.async_copy_global_to_shared(w_desc, [step * 64, 0], ready.index(slot),
                                         w_smem.index(slot))
+        if FP6:
+            tma.async_copy_global_to_shared(wb_desc, [step * 64, 0], ready.index(slot),
+                                            wb_smem.index(slot))
         tma.async_copy_global_to_shared(x_desc, [0, k0 + i * SUB * KB], ready.index(slot),
                                         x_smem.index(slot))
         tma.async_copy_global_to_shared(s_desc, [step, 0], ready.index(slot), s_smem.index(slot))
@@ -92,6 +117,74 @@ def _words(w_tile, s_row, FP4: gl.constexpr):
         swizzle_byte_width=WB, element_bitwidth=32, rank=2)).load(row_words_layout(S))
     words = gl.convert_layout(words.reshape([64, 4, S]), l3)  # same registers: no data moves
     return words, s_row.load(gl.SliceLayout(1, gl.SliceLayout(2, l3)))
+
+
+@gluon.jit
+def _fp6_words(a_tile, b_tile, s_row):
+    """A sub-step's fp6 planes (shared memory: [64, 64] and [64, 32] bytes) as each lane's six
+    words of its rows, the two halves of K as three words each ((A0, A1, A2), (A3, B0, B1):
+    [64, 4] each), and the rows' scale bytes."""
+    a = a_tile._reinterpret(gl.int32, [64, 16], gl.NVMMASharedLayout(
+        swizzle_byte_width=64, element_bitwidth=32, rank=2)).load(row_words_layout(4))
+    a = gl.convert_layout(a.reshape([64, 4, 4]), word_layout(4))  # same registers
+    b = b_tile._reinterpret(gl.int32, [64, 8], gl.NVMMASharedLayout(
+        swizzle_byte_width=32, element_bitwidth=32, rank=2)).load(row_words_layout(2))
+    b = gl.convert_layout(b.reshape([64, 4, 2]), word_layout(2))
+    even, odd = gl.split(a.reshape([64, 4, 2, 2]))  # words 0, 2 and 1, 3
+    a0, a2 = gl.split(even)
+    a1, a3 = gl.split(odd)
+    b0, b1 = gl.split(b)
+    L: gl.constexpr = lane_word_layout()  # each word's layout as split: the same registers
+    first = (gl.convert_layout(a0, L), gl.convert_layout(a1, L), gl.convert_layout(a2, L))
+    second = (gl.convert_layout(a3, L), gl.convert_layout(b0, L), gl.convert_layout(b1, L))
+    return first, second, s_row.load(gl.SliceLayout(1, L))
+
+
+@gluon.jit
+def _fp6_decoded(piece, rows, half: gl.constexpr, MP: gl.constexpr, MBITS: gl.constexpr,
+                 S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    """Half `half` of a sub-step's fp6 codes (a lane's piece: three words [64, 4], groups s = 4
+    half + j) as wgmma's A operand [64, KB / 2], as _decoded."""
+    p0, p1, p2 = piece
+    layout: gl.constexpr = p0.type.layout
+    rows = gl.convert_layout(rows, gl.SliceLayout(1, layout))[:, None]
+    # groups 4 half + j lie in block 2 half + j // 2 of the step
+    s_lo, _ = gl.broadcast((rows >> (16 * half)) & 255, p0)
+    s_hi, _ = gl.broadcast((rows >> (16 * half + 8)) & 255, p0)
+    m_lo = _multiplier(p0, s_lo, False, False, S_MIN, S_MAX, 4, MBITS)
+    m_hi = _multiplier(p0, s_hi, False, False, S_MIN, S_MAX, 4, MBITS)
+    g0 = gl.inline_asm_elementwise(fp6_decoder(0, MBITS), "=h,=h,=h,=h,r,r,r", [p0, m_lo, p0],
+                                   dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
+    g1 = gl.inline_asm_elementwise(fp6_decoder(1, MBITS), "=h,=h,=h,=h,r,r,r", [p0, m_lo, p1],
+                                   dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
+    g2 = gl.inline_asm_elementwise(fp6_decoder(2, MBITS), "=h,=h,=h,=h,r,r,r", [p1, m_hi, p2],
+                                   dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
+    g3 = gl.inline_asm_elementwise(fp6_decoder(3, MBITS), "=h,=h,=h,=h,r,r,r", [p2, m_hi, p2],
+                                   dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
+    # code k = 2 h + b of each group j: [64, t, s = j] (s = 2 s1 + s0)
+    v0 = _groups(g0[0], g1[0], g2[0], g3[0])
+    v1 = _groups(g0[1], g1[1], g2[1], g3[1])
+    v2 = _groups(g0[2], g1[2], g2[2], g3[2])
+    v3 = _groups(g0[3], g1[3], g2[3], g3[3])
+    return _a_operand(v0, v1, v2, v3, MP)
+
+
+@gluon.jit
+def _groups(g0, g1, g2, g3):
+    """Four [64, 4] tensors (groups 0..3) as one [64, 4, 4] (group last)."""
+    v = gl.join(gl.join(g0, g1), gl.join(g2, g3))  # [64, t, s0, s1]
+    return v.permute((0, 1, 3, 2)).reshape([64, 4, 4])
+
+
+@gluon.jit
+def _a_operand(v0, v1, v2, v3, MP: gl.constexpr):
+    """The values of codes 16 s + 8 h + 2 t + b (v_{2 h + b} [64, t, s]) as wgmma's A operand
+    [64, KB / 2]: the same registers, in the operand's layout."""
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(MP),
+                                                 k_width=2)
+    t = gl.join(gl.join(v0, v1), gl.join(v2, v3))  # [64, t, s, b, h]
+    t = t.permute((0, 2, 4, 1, 3))
+    return gl.convert_layout(t.reshape([64, KB // 2]), a_layout)
 
 
 @gluon.jit
@@ -127,6 +220,7 @@ def _decoded(words, rows, half: gl.constexpr, MP: gl.constexpr, FP4: gl.constexp
         t = gl.join(gl.join(gl.join(v0, v1), gl.join(v2, v3)),
                     gl.join(gl.join(v4, v5), gl.join(v6, v7)))  # [64, t, s, b, h, o]
         t = t.permute((0, 2, 5, 4, 1, 3))
+        a = gl.convert_layout(t.reshape([64, KB // 2]), a_layout)  # same registers
     else:  # 4 codes a word: byte 2 h + b is code 16 s + 8 h + 2 t + b
         if IS_INT:
             v0, v1, v2, v3 = gl.inline_asm_elementwise(
@@ -140,82 +234,89 @@ def _decoded(words, rows, half: gl.constexpr, MP: gl.constexpr, FP4: gl.constexp
             v0, v1, v2, v3 = gl.inline_asm_elementwise(
                 DECODE_E4M3, "=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 4,
                 is_pure=True, pack=1)
-        t = gl.join(gl.join(v0, v1), gl.join(v2, v3))  # [64, t, s, b, h]
-        t = t.permute((0, 2, 4, 1, 3))
-    return gl.convert_layout(t.reshape([64, KB // 2]), a_layout)  # same registers
+        a = _a_operand(v0, v1, v2, v3, MP)
+    return a
 
 
 @gluon.jit
-def _half_mma(acc, words, rows, x_half, half: gl.constexpr, FIRST: gl.constexpr,
-              MP: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
-              S_MIN: gl.constexpr, S_MAX: gl.constexpr):
-    """Issues (not waits for) the wgmma of one half of a sub-step: acc + W_half x_half^T."""
-    a = _decoded(words, rows, half, MP, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+def _mma(acc, a, x_half, FIRST: gl.constexpr):
+    """Issues (not waits for) the wgmma acc + a x_half^T (acc undefined where FIRST)."""
     if FIRST:
         return warpgroup_mma(a, x_half.permute((1, 0)), acc, use_acc=False, is_async=True)
     return warpgroup_mma(a, x_half.permute((1, 0)), acc, is_async=True)
 
 
 @gluon.jit
-def _slot(acc, w_smem, x_smem, s_smem, slot, FIRST: gl.constexpr, MP: gl.constexpr,
-          SUB: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
-          S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+def _slot(acc, w_smem, wb_smem, x_smem, s_smem, slot, FIRST: gl.constexpr, MP: gl.constexpr,
+          SUB: gl.constexpr, CPG: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
+          MBITS: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
     """acc plus the products of one ring slot's SUB sub-steps. Each sub-step is decoded in
     two halves of K, the first half's wgmma running while the second is decoded, and the
     slot's wgmmas are waited for once, at its end: the decode overlaps the tensor cores (and
     the other warpgroup fills what is left)."""
     scale_words = s_smem.index(slot)._reinterpret(gl.int32, [SUB * 64],
                                                   gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    x_u = x_smem.index(slot)
     for u in gl.static_range(SUB):
-        words, rows = _words(w_smem.index(slot).slice(64 * u, 64), scale_words.slice(64 * u, 64),
-                             FP4)
-        first, second = _halves(words)
-        x_u = x_smem.index(slot)
-        acc = _half_mma(acc, first, rows, x_u.slice(KB * u, KB // 2, dim=1), 0, FIRST and u == 0,
-                        MP, FP4, E5M2, IS_INT, S_MIN, S_MAX)
-        acc = _half_mma(acc, second, rows, x_u.slice(KB * u + KB // 2, KB // 2, dim=1), 1, False,
-                        MP, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+        x_first = x_u.slice(KB * u, KB // 2, dim=1)
+        x_second = x_u.slice(KB * u + KB // 2, KB // 2, dim=1)
+        scale_rows = scale_words.slice(64 * u, 64)
+        if CPG == 4:
+            first, second, rows = _fp6_words(w_smem.index(slot).slice(64 * u, 64),
+                                             wb_smem.index(slot).slice(64 * u, 64), scale_rows)
+            acc = _mma(acc, _fp6_decoded(first, rows, 0, MP, MBITS, S_MIN, S_MAX), x_first,
+                       FIRST and u == 0)
+            acc = _mma(acc, _fp6_decoded(second, rows, 1, MP, MBITS, S_MIN, S_MAX), x_second,
+                       False)
+        else:
+            words, rows = _words(w_smem.index(slot).slice(64 * u, 64), scale_rows, CPG == 2)
+            first, second = _halves(words)
+            acc = _mma(acc, _decoded(first, rows, 0, MP, CPG == 2, E5M2, IS_INT, S_MIN, S_MAX),
+                       x_first, FIRST and u == 0)
+            acc = _mma(acc, _decoded(second, rows, 1, MP, CPG == 2, E5M2, IS_INT, S_MIN, S_MAX),
+                       x_second, False)
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
 
 @gluon.jit
-def _consume(c: gl.constexpr, w_smem, x_smem, s_smem, ready, empty, slots, MP: gl.constexpr,
-             STAGES: gl.constexpr, SUB: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr,
-             IS_INT: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+def _consume(c: gl.constexpr, w_smem, wb_smem, x_smem, s_smem, ready, empty, slots,
+             MP: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr, CPG: gl.constexpr,
+             E5M2: gl.constexpr, IS_INT: gl.constexpr, MBITS: gl.constexpr, S_MIN: gl.constexpr,
+             S_MAX: gl.constexpr):
     """Consumer warpgroup c (0, 1) takes slots c, c + 2, ...; returns its fp32 partial [64, MP]
     of out^T. The first slot is peeled so that its wgmma (use_acc off) defines the accumulator:
     a zero-initialised one reaching the loop's exit on a zero-trip path made ptxas serialize
     every wgmma."""
     mbarrier.wait(ready.index(c), 0)
-    acc = _slot(gl.zeros([64, MP], gl.float32, mma_layout(MP)), w_smem, x_smem, s_smem, c,
-                True, MP, SUB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+    acc = _slot(gl.zeros([64, MP], gl.float32, mma_layout(MP)), w_smem, wb_smem, x_smem, s_smem,
+                c, True, MP, SUB, CPG, E5M2, IS_INT, MBITS, S_MIN, S_MAX)
     mbarrier.arrive(empty.index(c))
     for j in range(1, (slots - c + 1) // 2):
         i = c + 2 * j
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        acc = _slot(acc, w_smem, x_smem, s_smem, slot, False, MP, SUB, FP4, E5M2, IS_INT, S_MIN,
-                    S_MAX)
+        acc = _slot(acc, w_smem, wb_smem, x_smem, s_smem, slot, False, MP, SUB, CPG, E5M2,
+                    IS_INT, MBITS, S_MIN, S_MAX)
         mbarrier.arrive(empty.index(slot))
     return acc
 
 
 @gluon.jit
-def _consume_first(w_smem, x_smem, s_smem, ready, empty, slots, MP: gl.constexpr,
-                   STAGES: gl.constexpr, SUB: gl.constexpr, FP4: gl.constexpr,
-                   E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
-                   S_MAX: gl.constexpr):
-    return (_consume(0, w_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB, FP4, E5M2,
-                     IS_INT, S_MIN, S_MAX),)
+def _consume_first(w_smem, wb_smem, x_smem, s_smem, ready, empty, slots, MP: gl.constexpr,
+                   STAGES: gl.constexpr, SUB: gl.constexpr, CPG: gl.constexpr,
+                   E5M2: gl.constexpr, IS_INT: gl.constexpr, MBITS: gl.constexpr,
+                   S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    return (_consume(0, w_smem, wb_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB,
+                     CPG, E5M2, IS_INT, MBITS, S_MIN, S_MAX),)
 
 
 @gluon.jit
-def _consume_second(w_smem, x_smem, s_smem, ready, empty, partial, done, slots,
+def _consume_second(w_smem, wb_smem, x_smem, s_smem, ready, empty, partial, done, slots,
                     MP: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr,
-                    FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
-                    S_MIN: gl.constexpr, S_MAX: gl.constexpr):
-    acc = _consume(1, w_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB, FP4, E5M2,
-                   IS_INT, S_MIN, S_MAX)
+                    CPG: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
+                    MBITS: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    acc = _consume(1, w_smem, wb_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB, CPG,
+                   E5M2, IS_INT, MBITS, S_MIN, S_MAX)
     partial.store(acc)
     mbarrier.arrive(done)
 
@@ -236,7 +337,16 @@ def _exact_tile(x_ptr, w_ptr, s_ptr, n0, M, K, stride_xm, stride_wn, stride_sn,
     acc = gl.zeros([64, MP], gl.float32, L)
     for k0 in range(0, K, EXACT_K):
         cols = k0 + k
-        codes = gl.load(w_ptr + rows[:, None] * stride_wn + (cols // CPG)[None, :]).to(gl.int32)
+        if CPG == 4:  # code i in bits 6 i .. of the bitstream: 1 or 2 bytes of its group
+            group = 3 * (cols // 4)
+            first = group + 6 * (cols % 4) // 8
+            row_bytes = w_ptr + rows[:, None] * stride_wn
+            low = gl.load(row_bytes + first[None, :]).to(gl.int32)
+            high = gl.load(row_bytes + gl.minimum(first + 1, group + 2)[None, :]).to(gl.int32)
+            codes = ((low | (high << 8)) >> (6 * (cols % 4) % 8)[None, :]) & 0x3F
+        else:
+            codes = gl.load(w_ptr + rows[:, None] * stride_wn
+                            + (cols // CPG)[None, :]).to(gl.int32)
         if CPG == 2:  # code 2 i in the low nibble of byte i
             codes = (codes >> (4 * (cols % 2))[None, :]) & 0xF
         scale = scale_value(gl.load(s_ptr + rows * stride_sn + k0 // BLOCK).to(gl.int32))
@@ -251,7 +361,7 @@ def _exact_tile(x_ptr, w_ptr, s_ptr, n0, M, K, stride_xm, stride_wn, stride_sn,
 
 
 @gluon.jit
-def stream_linear_kernel(w_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr,
+def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr,
                          partials_ptr, counters_ptr, M, K, stride_xm, stride_wn, stride_sn,
                          stride_om, MP: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr,
                          SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, E5M2: gl.constexpr,
@@ -262,7 +372,7 @@ def stream_linear_kernel(w_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, 
     """out[:M, 64 tile ..] = x @ W[64 tile ..].T (+ bias), rounded once to out's dtype: CTA
     `SPLIT tile + part` takes part `part` of the tile's K (its share of the tile's ring slots)
     with a TMA loader warp and two consumer warpgroups (stream_linear.py)."""
-    FP4: gl.constexpr = CPG == 2
+    FP6: gl.constexpr = CPG == 4
     tile = gl.program_id(0) // SPLIT
     part = gl.program_id(0) % SPLIT
     steps = K // KB
@@ -274,6 +384,11 @@ def stream_linear_kernel(w_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, 
                                        x_desc.layout)
     s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES] + s_desc.block_type.shape,
                                        s_desc.layout)
+    if FP6:  # W's plane B (w_smem holds plane A)
+        wb_smem = gl.allocate_shared_memory(gl.uint8, [STAGES] + wb_desc.block_type.shape,
+                                            wb_desc.layout)
+    else:
+        wb_smem = w_smem  # not read
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -284,12 +399,12 @@ def stream_linear_kernel(w_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, 
         mbarrier.init(empty.index(j), count=1)
     mbarrier.init(done, count=1)
     acc = gl.warp_specialize([
-        (_consume_first, (w_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB, FP4,
-                          E5M2, IS_INT, S_MIN, S_MAX)),
-        (_consume_second, (w_smem, x_smem, s_smem, ready, empty, partial, done, slots, MP,
-                           STAGES, SUB, FP4, E5M2, IS_INT, S_MIN, S_MAX)),
-        (_loader, (w_desc, x_desc, s_desc, w_smem, x_smem, s_smem, ready, empty,
-                   tile * steps + first * SUB, first * SUB * KB, slots, STAGES, SUB)),
+        (_consume_first, (w_smem, wb_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB,
+                          CPG, E5M2, IS_INT, MBITS, S_MIN, S_MAX)),
+        (_consume_second, (w_smem, wb_smem, x_smem, s_smem, ready, empty, partial, done, slots,
+                           MP, STAGES, SUB, CPG, E5M2, IS_INT, MBITS, S_MIN, S_MAX)),
+        (_loader, (w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, ready,
+                   empty, tile * steps + first * SUB, first * SUB * KB, slots, STAGES, SUB, FP6)),
     ], [4, 1], [152, 40])[0]
     mbarrier.wait(done, 0)
     acc = acc + partial.load(mma_layout(MP))

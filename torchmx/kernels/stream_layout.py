@@ -36,6 +36,19 @@ decode) with one or two instructions instead of three:
 Those four bit sets are disjoint and cover the word; FP4_BITS is what they read. Either way
 the kernel decodes exactly the standard layout's values.
 
+fp6 (e2m3, e3m2) rows are 96 bytes a step, which no TMA box or register layout takes in one
+(their shapes are powers of two), so a row's step is two planes, each one contiguous run of
+the whole weight's steps:
+
+      codes  [N / 64, K / 128, 64 rows, 64 bytes]   plane A (the first 2/3 of the bytes)
+             [N / 64, K / 128, 64 rows, 32 bytes]   plane B (the last 1/3)
+
+Lane t's 24 bytes of a row are its eight three-byte groups s (the standard fp6 packing of
+codes 16 s + 8 h + 2 t + b, code 2 h + b at bits 6 (2 h + b) of the group): bytes 0..15 at 16 t
+of plane A, bytes 16..23 at 8 t of plane B. Its words A0, A1, A2 (groups 0..3) and A3, B0, B1
+(groups 4..7) are the two halves of the step's K, each three words as mma_linear's fp6 decode
+reads them.
+
 Only blocks of 32 (the OCP MX block), out_features a multiple of 64 and in_features a multiple
 of 128 with at least two steps (one for each of the kernel's two consumer warpgroups): `fits`.
 """
@@ -46,14 +59,21 @@ import torch
 
 from .. import dtypes
 from ..numerics import arguments as args
+from ..numerics.packing import pack_codes, unpack_codes
 
-__all__ = ["BLOCK", "CHUNK", "FORMATS", "FP4_BITS", "STEP_CODES", "describe", "fits", "pack",
-           "step_bytes", "unpack"]
+__all__ = ["BLOCK", "CHUNK", "FORMATS", "FP4_BITS", "FP6", "FP6_PLANES", "STEP_CODES", "describe",
+           "fits", "pack", "step_bytes", "unpack"]
 
 BLOCK = 32
 CHUNK = 64  # rows of a tile
 STEP_CODES = 128  # codes of a row in one step
-FORMATS = (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8, dtypes.float4_e2m1)
+FORMATS = (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8, dtypes.float4_e2m1,
+           dtypes.float6_e2m3, dtypes.float6_e3m2)
+FP6 = (dtypes.float6_e2m3, dtypes.float6_e3m2)
+# fp6: a lane's bytes of a row's step in plane A (16) and plane B (8)
+FP6_PLANES = (16, 8)
+# fp6 codes repacked at a time by pack / unpack (as int32 codes: about 8 bytes a code)
+_FP6_TILES_AT_ONCE = 16
 # fp4: the word bits of code (r, b) of a word (sign, magnitude bits 2, 1, 0), where the decode
 # of register r (module docstring) finds them: bits 15, 8, 7, 6 (+ 16 for b = 1) of its result.
 FP4_BITS = (((15, 8, 7, 6), (31, 24, 23, 22)),  # word itself
@@ -65,7 +85,8 @@ _MAX_STEP_ROWS = 2 ** 31
 
 
 def step_bytes(fmt: dtypes.DType) -> int:
-    """Bytes of a row in one step: 128 one-byte codes or 64 bytes of fp4 pairs."""
+    """Bytes of a row in one step: 128 one-byte codes, 64 bytes of fp4 pairs or 96 of fp6
+    groups (both planes)."""
     return STEP_CODES * fmt.bytes_per_group // fmt.codes_per_group
 
 
@@ -107,20 +128,45 @@ def _move_fp4_bits(codes: torch.Tensor, spread: bool) -> torch.Tensor:
     return moved.view(torch.uint8)
 
 
+def _fp6_pack_tiles(data: torch.Tensor, fmt: dtypes.DType, steps: int) -> torch.Tensor:
+    """Standard fp6 codes of some whole tiles [tiles * 64, 3 K / 4] -> their lanes' bytes
+    [tiles, steps, 64 rows, 4 (t), 24]."""
+    codes = unpack_codes(data, fmt, steps * STEP_CODES)
+    codes = codes.reshape(-1, CHUNK, steps, 8, 2, 4, 2)  # tile row step | s h t b
+    codes = codes.permute(0, 2, 1, 5, 3, 4, 6)  # tile step row t | s h b
+    return pack_codes(codes.reshape(*codes.shape[:4], 32), fmt)
+
+
+def _fp6_unpack_tiles(lanes: torch.Tensor, fmt: dtypes.DType, steps: int) -> torch.Tensor:
+    """The inverse of _fp6_pack_tiles: [tiles, steps, 64, 4, 24] -> [tiles * 64, 3 K / 4]."""
+    codes = unpack_codes(lanes, fmt, 32).reshape(*lanes.shape[:4], 8, 2, 2)
+    codes = codes.permute(0, 2, 1, 4, 5, 3, 6)  # tile row step s h t b
+    return pack_codes(codes.reshape(-1, steps * STEP_CODES), fmt)
+
+
 def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
          ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the stream layout's
     (codes, scales): flat uint8 copies on data's device."""
     N, K = args.check_weight_parts(scale, data, fmt, BLOCK, fits, describe(),
                                    "stream_layout.pack")
-    S, J, B = _row_step_shape(fmt)
     nb, steps = N // CHUNK, K // STEP_CODES
+    scales = scale.reshape(nb, CHUNK, steps, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
+    scales = scales.reshape(-1).contiguous()
+    if fmt in FP6:
+        planes = ([], [])
+        for first in range(0, nb, _FP6_TILES_AT_ONCE):
+            rows = data[first * CHUNK:(first + _FP6_TILES_AT_ONCE) * CHUNK].view(torch.uint8)
+            lanes = _fp6_pack_tiles(rows, fmt, steps)
+            for plane, part in zip(planes, lanes.split(FP6_PLANES, dim=-1)):
+                plane.append(part.reshape(-1))
+        return torch.cat(planes[0] + planes[1]), scales
+    S, J, B = _row_step_shape(fmt)
     codes = data.view(torch.uint8).reshape(nb, CHUNK, steps, S, J, 4, B)
     codes = codes.permute(0, 2, 1, 5, 3, 4, 6)  # nb step row | t s j b
     if fmt == dtypes.float4_e2m1:
         codes = _move_fp4_bits(codes.reshape(-1), spread=True)
-    scales = scale.reshape(nb, CHUNK, steps, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
-    return codes.reshape(-1).contiguous(), scales.reshape(-1).contiguous()
+    return codes.reshape(-1).contiguous(), scales
 
 
 def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_features: int,
@@ -133,10 +179,16 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
         raise ValueError(f"stream_layout.unpack: codes and scales must be pack's of a "
                          f"{fmt.name} weight [{out_features}, {in_features}] of {describe()}, "
                          f"got shapes {tuple(codes.shape)} and {tuple(scales.shape)}")
-    S, J, B = _row_step_shape(fmt)
     nb, steps = N // CHUNK, K // STEP_CODES
+    scale = scales.reshape(nb, steps, CHUNK, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
+    scale = scale.reshape(N, K // BLOCK).contiguous()
+    if fmt in FP6:
+        a, b = codes.split([len(codes) * 2 // 3, len(codes) // 3])
+        lanes = torch.cat([a.reshape(nb, steps, CHUNK, 4, FP6_PLANES[0]),
+                           b.reshape(nb, steps, CHUNK, 4, FP6_PLANES[1])], dim=-1)
+        return scale, _fp6_unpack_tiles(lanes, fmt, steps)
+    S, J, B = _row_step_shape(fmt)
     if fmt == dtypes.float4_e2m1:
         codes = _move_fp4_bits(codes, spread=False)
     data = codes.reshape(nb, steps, CHUNK, 4, S, J, B).permute(0, 2, 1, 4, 5, 3, 6)
-    scale = scales.reshape(nb, steps, CHUNK, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
-    return scale.reshape(N, K // BLOCK).contiguous(), data.reshape(N, -1).contiguous()
+    return scale, data.reshape(N, -1).contiguous()

@@ -1,5 +1,5 @@
-"""x [M, K] @ W.T for 1..64 activation rows and an MXFP4, MXFP8 (e4m3 / e5m2) or MXINT8 weight W
-[N, K] in the stream layout (stream_layout.py), on Hopper (sm_90): one wave of CTAs, each
+"""x [M, K] @ W.T for 1..64 activation rows and an MXFP4, MXFP6 (e2m3 / e3m2), MXFP8 (e4m3 /
+e5m2) or MXINT8 weight W [N, K] in the stream layout (stream_layout.py), on Hopper (sm_90): one wave of CTAs, each
 streaming its 64-row tile of W over all of K, or over a part of K where the tiles alone are too
 few for the SMs (split-K).
 
@@ -10,13 +10,15 @@ or `split_k` CTAs of one part of K each where that fills the SMs better (N = 409
 N = 1024: 8), written in Gluon (Triton's explicit-layout dialect, _gl_stream.py) because
 Triton's language cannot express its warp roles:
 
-- a loader warp brings each step's W codes (one contiguous run of the stream layout), x^T
+- a loader warp brings each step's W codes (one contiguous run of the stream layout; fp6: one
+  run in each of its two planes), x^T
   [M padded to MP, 128 codes a sub-step] and the scale bytes into a STAGES-slot shared-memory
   ring by TMA (rows of x past M read as zeros);
 - two consumer warpgroups take the ring's slots in turn. Each lane loads its words of a row
-  (one 16- or 32-byte shared-memory load), decodes them into exactly its wgmma A registers
-  (value * 2**(s - 127) in bf16, exact for the scale bytes of FAST_SCALES: mma_linear's
-  decode for one-byte codes, one for the stream layout's spread fp4 bits) and runs wgmma (W
+  (one 16- or 32-byte shared-memory load; fp6: 16 bytes of plane A, 8 of plane B), decodes
+  them into exactly its wgmma A registers (value * 2**(s - 127) in bf16, exact for the scale
+  bytes of FAST_SCALES: mma_linear's decode for one-byte codes and fp6, one for the stream
+  layout's spread fp4 bits) and runs wgmma (W
   from registers, x^T from shared memory, "swap AB": out^T = W x^T) into its own fp32
   accumulator, each sub-step in two halves of K (the first half's wgmma runs while the
   second half is decoded);
@@ -62,24 +64,26 @@ __all__ = ["MAX_SPLIT", "StreamConfig", "available", "check_parts", "default_con
            "eligible", "fills_waves", "kernel_arguments", "split_k", "stream_linear",
            "usable_on", "wave_fill"]
 
-# Ring slots and sub-steps a slot by codes a packed group (1: one-byte codes, 2: fp4), from
-# H100 sweeps at N = K = 8192 and 1, 16 and 64 rows (benchmarks/bench_stream_linear.py,
-# docs/performance.md); fewer slots where they do not fit in shared memory (fp4 at 64 rows).
-_PREFERRED = {1: (6, 1), 2: (6, 2)}
+# Ring slots and sub-steps a slot by codes a packed group (1: one-byte codes, 2: fp4, 4: fp6),
+# from H100 sweeps at N = K = 8192 and 1, 16 and 64 rows (benchmarks/bench_stream_linear.py,
+# docs/performance.md); fewer slots where they do not fit in shared memory (fp4 and fp6 at 64
+# rows).
+_PREFERRED = {1: (6, 1), 2: (6, 2), 4: (6, 2)}
 # sm_90's shared memory a CTA (227 KiB), less room for the barriers and Gluon's scratch.
 _SHARED_BYTES = 227 * 1024 - 2048
 # At most this many CTAs share a tile's K: the most the H100 timings below cover (N = 1024).
 MAX_SPLIT = 8
 # One CTA an SM: the kernel pays off only where its CTAs (the tiles, times split_k) fill enough
-# of their waves of SMs. By codes a packed group (1: one-byte codes, 2: MXFP4), from H100
-# timings against the fragment and piece kernels (benchmarks/bench_stream_linear.py's
+# of their waves of SMs. By codes a packed group (1: one-byte codes, 2: MXFP4, 4: MXFP6), from
+# H100 timings against the fragment and piece kernels (benchmarks/bench_stream_linear.py's
 # wave-policy table, docs/performance.md): with 97% of a wave (N = 8192; N = 4096 and 1024
 # split 2 and 8 ways: 128 CTAs on 132 SMs) it wins for every format at 16 rows (e4m3 at N =
-# 4096, K = 14336: even); at N = 14336 (224 tiles, 85% of two waves) it wins for 16 MXFP4 rows
-# but not for e4m3.
-MIN_WAVE_FILL = {1: 0.9, 2: 0.8}
+# 4096, K = 14336: even); at N = 14336 (224 tiles, 85% of two waves) it wins for MXFP4 and
+# MXFP6 rows but not for e4m3.
+MIN_WAVE_FILL = {1: 0.9, 2: 0.8, 4: 0.8}
 # One MXFP4 row: the one-row kernel on the standard layout beat it at N = 14336 and wherever K
 # is split, not at N = 8192: one row takes it only unsplit, filling this much of its waves.
+# (One MXFP6 row takes it wherever several do: it beat the piece kernel at every shape.)
 ONE_ROW_MIN_FILL = 0.9
 
 
@@ -137,15 +141,15 @@ def wave_fill(N: int, K: int, device: torch.device) -> float:
 def fills_waves(fmt: dtypes.DType, N: int, K: int, device: torch.device,
                 rows: Optional[int] = None) -> bool:
     """Whether the stream kernel is the fastest few-row kernel for a weight [N, K] of this
-    format on `device`: its CTAs fill MIN_WAVE_FILL of their waves (for one activation row,
-    also ONE_ROW_MIN_FILL, with K not split). `rows` None: for several rows (what prepack()
-    asks)."""
+    format on `device`: its CTAs fill MIN_WAVE_FILL of their waves (for one MXFP4 activation
+    row, also ONE_ROW_MIN_FILL, with K not split). `rows` None: for several rows (what
+    prepack() asks)."""
     if fmt not in stream_layout.FORMATS:
         raise ValueError(f"stream_linear.fills_waves: the stream kernel takes "
                          f"{', '.join(f.name for f in stream_layout.FORMATS)} weights, got "
                          f"{fmt.name}")
     need = MIN_WAVE_FILL[fmt.codes_per_group]
-    if rows == 1:
+    if rows == 1 and fmt == dtypes.float4_e2m1:
         if split_k(N, K, device) > 1:
             return False
         need = max(need, ONE_ROW_MIN_FILL)
@@ -260,13 +264,20 @@ def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias,
     if cfg.stages * _slot_bytes(fmt, MP, cfg.sub) + 64 * MP * 4 > _SHARED_BYTES:
         raise ValueError(f"stream_linear: config {cfg} needs more shared memory than sm_90 has "
                          f"at {MP} padded rows")
-    wb = stream_layout.step_bytes(fmt)
     sb = stream_layout.STEP_CODES // stream_layout.BLOCK * 64  # scale bytes of a step
-    codes2, scales2 = codes.view(-1, wb), scales.view(-1, sb)
-    w_box, x_box = [64 * cfg.sub, wb], [MP, stream_layout.STEP_CODES * cfg.sub]
-    descriptors = (
-        TensorDescriptor(codes2, list(codes2.shape), [wb, 1], w_box,
-                         gl.NVMMASharedLayout.get_default_for(w_box, gl.uint8)),
+    scales2 = scales.view(-1, sb)
+    if fmt in stream_layout.FP6:  # planes A and B: 64 and 32 bytes a row's step
+        a_bytes, b_bytes = (4 * n for n in stream_layout.FP6_PLANES)
+        planes = codes.split([len(codes) * 2 // 3, len(codes) // 3])
+        w_parts = [(planes[0].view(-1, a_bytes), a_bytes), (planes[1].view(-1, b_bytes), b_bytes)]
+    else:  # plane A only (the kernel reads no plane B)
+        wb = stream_layout.step_bytes(fmt)
+        w_parts = [(codes.view(-1, wb), wb)] * 2
+    x_box = [MP, stream_layout.STEP_CODES * cfg.sub]
+    descriptors = tuple(
+        TensorDescriptor(plane, list(plane.shape), [width, 1], [64 * cfg.sub, width],
+                         gl.NVMMASharedLayout.get_default_for([64 * cfg.sub, width], gl.uint8))
+        for plane, width in w_parts) + (
         TensorDescriptor(x, [M, K], [K, 1], x_box,
                          gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16)),
         TensorDescriptor(scales2, list(scales2.shape), [sb, 1], [cfg.sub, sb],

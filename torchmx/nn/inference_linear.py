@@ -228,12 +228,12 @@ class MXInferenceLinear(nn.Module):
         """Add a copy of the weight laid out for Hopper's tensor cores and return self.
 
         Forward then multiplies bf16 inputs of few rows on an sm_90 GPU (H100 / H200) with a
-        kernel that reads the copy. For MXFP4, MXFP8 and MXINT8 weights on an sm_90 GPU where
-        Triton has Gluon (Triton 3.6), the stream layout (torchmx/kernels/stream_layout.py;
-        1 to 64 rows for MXFP4, 2 to 64 for the others; in features a multiple of 128, at
-        least 256; weights whose kernel CTAs, one per 64-row tile or a few sharing its in
-        features (split-K), fill enough of the GPU's waves: on an H100 out features 1024,
-        4096 and 8192, and 14336 for MXFP4; one MXFP4 row only unsplit where they fill 90%).
+        kernel that reads the copy. On an sm_90 GPU where Triton has Gluon (Triton 3.6), the
+        stream layout (torchmx/kernels/stream_layout.py; every format: 1 to 64 rows for MXFP4
+        and MXFP6, 2 to 64 for MXFP8 and MXINT8; in features a multiple of 128, at least 256;
+        weights whose kernel CTAs, one per 64-row tile or a few sharing its in features
+        (split-K), fill enough of the GPU's waves: on an H100 out features 1024, 4096 and
+        8192, and 14336 for MXFP4 and MXFP6; one MXFP4 row only unsplit where they fill 90%).
         Otherwise, and for the shapes it does not take: for MXFP4 the fragment layout
         (torchmx/kernels/fragment_layout.py, 2 to 64 rows), for the other formats the piece
         layout (torchmx/kernels/piece_layout.py; 2 to 64 rows, fp6 1 to 32). All are faster
