@@ -1,7 +1,7 @@
 """x [M, K] @ W.T for 1..64 activation rows and an MXFP4, MXFP6 (e2m3 / e3m2), MXFP8 (e4m3 /
-e5m2) or MXINT8 weight W [N, K] in the stream layout (stream_layout.py), on Hopper (sm_90): one wave of CTAs, each
-streaming its 64-row tile of W over all of K, or over a part of K where the tiles alone are too
-few for the SMs (split-K).
+e5m2) or MXINT8 weight W [N, K] in the stream layout (stream_layout.py), on Hopper (sm_90): one
+wave of CTAs, each streaming its 64-row tile of W over all of K, or over a part of K where the
+tiles alone are too few for the SMs (split-K).
 
 Few-row products are bound by reading W once. The split-K kernels (mma_linear,
 fragment_matmul) give each tile several programs of several waves; this kernel gives each
@@ -11,17 +11,15 @@ N = 1024: 8), written in Gluon (Triton's explicit-layout dialect, _gl_stream.py)
 Triton's language cannot express its warp roles:
 
 - a loader warp brings each step's W codes (one contiguous run of the stream layout; fp6: one
-  run in each of its two planes), x^T
-  [M padded to MP, 128 codes a sub-step] and the scale bytes into a STAGES-slot shared-memory
-  ring by TMA (rows of x past M read as zeros);
+  run in each of its two planes), x^T [M padded to MP, 128 codes a sub-step] and the scale
+  bytes into a STAGES-slot shared-memory ring by TMA (rows of x past M read as zeros);
 - two consumer warpgroups take the ring's slots in turn. Each lane loads its words of a row
   (one 16- or 32-byte shared-memory load; fp6: 16 bytes of plane A, 8 of plane B), decodes
   them into exactly its wgmma A registers (value * 2**(s - 127) in bf16, exact for the scale
   bytes of FAST_SCALES: mma_linear's decode for one-byte codes and fp6, one for the stream
-  layout's spread fp4 bits) and runs wgmma (W
-  from registers, x^T from shared memory, "swap AB": out^T = W x^T) into its own fp32
-  accumulator, each sub-step in two halves of K (the first half's wgmma runs while the
-  second half is decoded);
+  layout's spread fp4 bits) and runs wgmma (W from registers, x^T from shared memory, "swap
+  AB": out^T = W x^T) into its own fp32 accumulator, each sub-step in two halves of K (the
+  first half's wgmma runs while the second half is decoded);
 - the two accumulators are added inside the CTA (through shared memory). With split-K each
   CTA stores that fp32 partial and counts its arrival on the tile's counter; the last to
   arrive adds the tile's partials in part order (so the sum does not depend on which CTA
