@@ -24,7 +24,6 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
 
 FORMATS = ["float8_e4m3", "float8_e5m2", "int8", "float4_e2m1", "float6_e2m3", "float6_e3m2"]
 FP8 = FORMATS[:2]
-FP6 = FORMATS[4:]
 OTHER = dtypes.ExMy(3, 3)  # a custom minifloat: no stream layout
 ON_GPU = DEVICE == "cuda" and stream_linear.usable_on(torch.device("cuda"))
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on sm_90 GPUs only")
