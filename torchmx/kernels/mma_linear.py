@@ -191,10 +191,6 @@ mul.rn.bf16x2 x0, x0, $5;
 mul.rn.bf16x2 x1, x1, $5;
 mov.b32 {$0, $1}, x0;
 mov.b32 {$2, $3}, x1; }""")
-# Eight e2m1 codes of a word (code j in bits 4 j ..) -> bf16 halves ($0..$7) times the bf16x2
-# multiplier $9. A byte permute puts the two codes of byte i in the top nibbles of the low
-# bytes of the two 16-bit halves (the low one's from the word shifted by 4), each sign
-# repeated above; a shift by 2 brings sign, exponent and mantissa to their bf16 positions and
 # The end of an e2m1 decode: its four bf16 pairs x0..x3 (bit patterns of value * 2**-126)
 # times the bf16x2 multiplier $9, out as the halves $0..$7 (also the stream kernel's decode).
 _SCALE_E2M1_PAIRS = """mul.rn.bf16x2 x0, x0, $9;
@@ -205,6 +201,10 @@ mov.b32 {$0, $1}, x0;
 mov.b32 {$2, $3}, x1;
 mov.b32 {$4, $5}, x2;
 mov.b32 {$6, $7}, x3; }"""
+# Eight e2m1 codes of a word (code j in bits 4 j ..) -> bf16 halves ($0..$7) times the bf16x2
+# multiplier $9. A byte permute puts the two codes of byte i in the top nibbles of the low
+# bytes of the two 16-bit halves (the low one's from the word shifted by 4), each sign
+# repeated above; a shift by 2 brings sign, exponent and mantissa to their bf16 positions and
 # a mask clears the rest: the code's value times 2**-126, subnormals included.
 _DECODE_E2M1 = tl.constexpr("""{ .reg .b32 lo, x0, x1, x2, x3;
 shl.b32 lo, $8, 4;
