@@ -107,16 +107,22 @@ def _loader(w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, re
 
 
 @gluon.jit
+def _lane_words(tile, WB: gl.constexpr):
+    """A sub-step's tile [64 rows, WB bytes] (shared memory, WB-byte swizzle) as each lane's
+    words [64, 4, S = WB / 16] of its rows: lane 4 g + t's S words of a row, one shared-memory
+    load a row, in word_layout(S)."""
+    S: gl.constexpr = WB // 16
+    words = tile._reinterpret(gl.int32, [64, 4 * S], gl.NVMMASharedLayout(
+        swizzle_byte_width=WB, element_bitwidth=32, rank=2)).load(row_words_layout(S))
+    return gl.convert_layout(words.reshape([64, 4, S]), word_layout(S))  # same registers
+
+
+@gluon.jit
 def _words(w_tile, s_row, FP4: gl.constexpr):
     """A sub-step's W tile [64, KB codes] (shared memory) as each lane's words [64, 4, S] of
     its rows (one shared-memory load a row), and the rows' scale bytes (4 a row, one a block)."""
-    WB: gl.constexpr = KB // 2 if FP4 else KB
-    S: gl.constexpr = WB // 16
-    l3: gl.constexpr = word_layout(S)
-    words = w_tile._reinterpret(gl.int32, [64, 4 * S], gl.NVMMASharedLayout(
-        swizzle_byte_width=WB, element_bitwidth=32, rank=2)).load(row_words_layout(S))
-    words = gl.convert_layout(words.reshape([64, 4, S]), l3)  # same registers: no data moves
-    return words, s_row.load(gl.SliceLayout(1, gl.SliceLayout(2, l3)))
+    words = _lane_words(w_tile, KB // 2 if FP4 else KB)
+    return words, s_row.load(gl.SliceLayout(1, gl.SliceLayout(2, words.type.layout)))
 
 
 @gluon.jit
@@ -124,12 +130,7 @@ def _fp6_words(a_tile, b_tile, s_row):
     """A sub-step's fp6 planes (shared memory: [64, 64] and [64, 32] bytes) as each lane's six
     words of its rows, the two halves of K as three words each ((A0, A1, A2), (A3, B0, B1):
     [64, 4] each), and the rows' scale bytes."""
-    a = a_tile._reinterpret(gl.int32, [64, 16], gl.NVMMASharedLayout(
-        swizzle_byte_width=64, element_bitwidth=32, rank=2)).load(row_words_layout(4))
-    a = gl.convert_layout(a.reshape([64, 4, 4]), word_layout(4))  # same registers
-    b = b_tile._reinterpret(gl.int32, [64, 8], gl.NVMMASharedLayout(
-        swizzle_byte_width=32, element_bitwidth=32, rank=2)).load(row_words_layout(2))
-    b = gl.convert_layout(b.reshape([64, 4, 2]), word_layout(2))
+    a, b = _lane_words(a_tile, 64), _lane_words(b_tile, 32)  # [64, 4, 4], [64, 4, 2]
     even, odd = gl.split(a.reshape([64, 4, 2, 2]))  # words 0, 2 and 1, 3
     a0, a2 = gl.split(even)
     a1, a3 = gl.split(odd)
