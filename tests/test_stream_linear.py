@@ -88,6 +88,8 @@ def test_every_code_lands_where_the_kernel_reads_it(fmt):
     if fmt in sl.FP6:  # code 16 s + 8 h + 2 t + b: lane t's group s, its code 2 h + b
         s = c // 16
         plane_a, plane_b = codes.split([codes.numel() * 2 // 3, codes.numel() // 3])
+        assert all(torch.equal(p, q.reshape(-1)) for p, q in zip((plane_a, plane_b),
+                                                                 sl.fp6_planes(codes)))
         lanes = torch.cat([plane_a.reshape(-1, 4, 16), plane_b.reshape(-1, 4, 8)], dim=-1)
         found = unpack_codes(lanes, fmt, 32).to(torch.int64)[row_step, t, 4 * s + 2 * h + b]
         assert torch.equal(found, logical)
@@ -179,6 +181,8 @@ def test_pack_and_unpack_refuse_what_does_not_fit():
     codes, scales = sl.pack(scale, data, fmt)
     with pytest.raises(ValueError, match="stream_layout.unpack"):
         sl.unpack(codes[:-1], scales, fmt, 64, 256)
+    with pytest.raises(ValueError, match="stream_layout.fp6_planes: .* got shape \\(6143,\\)"):
+        sl.fp6_planes(torch.zeros(6143, dtype=torch.uint8))
 
 
 # --- configs --------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ from ..numerics import arguments as args
 from ..numerics.packing import pack_codes, unpack_codes
 
 __all__ = ["BLOCK", "CHUNK", "FORMATS", "FP4_BITS", "FP6", "FP6_PLANES", "STEP_CODES", "describe",
-           "fits", "pack", "step_bytes", "unpack"]
+           "fits", "fp6_planes", "pack", "step_bytes", "unpack"]
 
 BLOCK = 32
 CHUNK = 64  # rows of a tile
@@ -128,6 +128,18 @@ def _move_fp4_bits(codes: torch.Tensor, spread: bool) -> torch.Tensor:
     return moved.view(torch.uint8)
 
 
+def fp6_planes(codes: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """An fp6 weight's stream codes (pack's, flat) as its planes A and B, views [steps of all
+    tiles x 64 rows, 64 bytes] and [.., 32 bytes]."""
+    step = CHUNK * step_bytes(FP6[0])  # bytes of a tile's step, both planes
+    if codes.dim() != 1 or codes.numel() % step:
+        raise ValueError(f"stream_layout.fp6_planes: codes must be pack's flat fp6 codes (a "
+                         f"multiple of {step} bytes), got shape {tuple(codes.shape)}")
+    a_bytes = codes.numel() * FP6_PLANES[0] // sum(FP6_PLANES)
+    a, b = codes.split([a_bytes, codes.numel() - a_bytes])
+    return a.view(-1, 4 * FP6_PLANES[0]), b.view(-1, 4 * FP6_PLANES[1])
+
+
 def _fp6_pack_tiles(data: torch.Tensor, fmt: dtypes.DType, steps: int) -> torch.Tensor:
     """Standard fp6 codes of some whole tiles [tiles * 64, 3 K / 4] -> their lanes' bytes
     [tiles, steps, 64 rows, 4 (t), 24]."""
@@ -183,7 +195,7 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
     scale = scales.reshape(nb, steps, CHUNK, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
     scale = scale.reshape(N, K // BLOCK).contiguous()
     if fmt in FP6:
-        a, b = codes.split([len(codes) * 2 // 3, len(codes) // 3])
+        a, b = fp6_planes(codes)
         lanes = torch.cat([a.reshape(nb, steps, CHUNK, 4, FP6_PLANES[0]),
                            b.reshape(nb, steps, CHUNK, 4, FP6_PLANES[1])], dim=-1)
         return scale, _fp6_unpack_tiles(lanes, fmt, steps)

@@ -265,17 +265,15 @@ def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias,
     sb = stream_layout.STEP_CODES // stream_layout.BLOCK * 64  # scale bytes of a step
     scales2 = scales.view(-1, sb)
     if fmt in stream_layout.FP6:  # planes A and B: 64 and 32 bytes a row's step
-        a_bytes, b_bytes = (4 * n for n in stream_layout.FP6_PLANES)
-        planes = codes.split([len(codes) * 2 // 3, len(codes) // 3])
-        w_parts = [(planes[0].view(-1, a_bytes), a_bytes), (planes[1].view(-1, b_bytes), b_bytes)]
+        planes = stream_layout.fp6_planes(codes)
     else:  # plane A only (the kernel reads no plane B)
-        wb = stream_layout.step_bytes(fmt)
-        w_parts = [(codes.view(-1, wb), wb)] * 2
+        planes = (codes.view(-1, stream_layout.step_bytes(fmt)),) * 2
     x_box = [MP, stream_layout.STEP_CODES * cfg.sub]
+    w_boxes = [[64 * cfg.sub, plane.shape[1]] for plane in planes]  # rows of sub-steps, a row
     descriptors = tuple(
-        TensorDescriptor(plane, list(plane.shape), [width, 1], [64 * cfg.sub, width],
-                         gl.NVMMASharedLayout.get_default_for([64 * cfg.sub, width], gl.uint8))
-        for plane, width in w_parts) + (
+        TensorDescriptor(plane, list(plane.shape), [box[1], 1], box,
+                         gl.NVMMASharedLayout.get_default_for(box, gl.uint8))
+        for plane, box in zip(planes, w_boxes)) + (
         TensorDescriptor(x, [M, K], [K, 1], x_box,
                          gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16)),
         TensorDescriptor(scales2, list(scales2.shape), [sb, 1], [cfg.sub, sb],
