@@ -242,12 +242,13 @@ class MXInferenceLinear(nn.Module):
         config (no activations_config) with weights in blocks of 32, out_features a multiple
         of 64 and in_features of 64 (fp4, one-byte formats) or 128 (fp6). The copy costs the
         weight's bytes again (plus its split-K counters, N / 16 bytes: calls on one prepacked
-        layer must not run concurrently on two CUDA streams). Its layout is chosen for the weight's device when prepack() runs
-        (and again when a state dict is loaded). It is not saved in the state dict and follows
-        .to(device). It is rebuilt when a state dict is loaded, when a pickled layer is loaded
-        (torch.load, copy.deepcopy), and by an eager forward after the weight buffers were
-        written or replaced; under torch.compile that check is not
-        traced, so call prepack() again after changing the weight of a compiled model.
+        layer must not run concurrently on two CUDA streams). Its layout is chosen for the
+        weight's device when prepack() runs (and again when a state dict is loaded). It is not
+        saved in the state dict and follows .to(device). It is rebuilt when a state dict is
+        loaded, when a pickled layer is loaded (torch.load, copy.deepcopy), and by an eager
+        forward after the weight buffers were written or replaced; under torch.compile that
+        check is not traced, so call prepack() again after changing the weight of a compiled
+        model.
         """
         cfg = self.qconfig.weights_config
         if self.qconfig.activations_config is not None:
