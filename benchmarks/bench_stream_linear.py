@@ -12,10 +12,10 @@ against the exact product, bit for bit on operands whose sums are exact. Then, a
 - the ring configurations (slots, sub-steps a slot) at 1, 16 and 64 rows: what
   stream_linear._PREFERRED is chosen from;
 - per format and rows: the read-only floor of the weight's bytes, the stream kernel at its
-  default config, the fragment (MXFP4) or piece (MXFP8, MXFP6, MXINT8) kernel (the prepacked copies
-  where Triton has no Gluon; at one row the usual path, byte_gemv's one-row kernels, which
-  the op keeps for one row), and cuBLAS bf16 on the unquantized weight; ratios are their
-  time / the stream kernel's;
+  default config, the fragment (MXFP4) or piece (MXFP8, MXFP6, MXINT8) kernel (the prepacked
+  copies where Triton has no Gluon; at one row the usual path, byte_gemv's one-row kernels,
+  which the op keeps for one row), and cuBLAS bf16 on the unquantized weight; ratios are
+  their time / the stream kernel's;
 - the wave policy (stream_linear.fills_waves): the stream kernel (K split where the tiles are
   few: stream_linear.split_k) against the kernel it would replace on Llama-3-8B's projections,
   with the CTAs' fill of their waves and the policy's choice; for the split shapes also the

@@ -364,7 +364,8 @@ def test_op_checks_its_parts():
         _op(x, w, (codes[:-16], scales, counters))
     with pytest.raises(ValueError, match="mx_stream_linear: the stream scales"):
         _op(x, w, (codes, scales.to(torch.int32), counters))
-    with pytest.raises(ValueError, match="mx_stream_linear: the stream counters .* got torch.int64"):
+    with pytest.raises(ValueError,
+                       match="mx_stream_linear: the stream counters .* got torch.int64"):
         _op(x, w, (codes, scales, counters.long()))
     with pytest.raises(ValueError, match="mx_stream_linear: the stream counters .* 1 elements"):
         _op(x, w, (codes, scales, torch.zeros(2, dtype=torch.int32, device=DEVICE)))
