@@ -23,7 +23,9 @@ exact fp32 dequantize, fp32 matmul), "read-only" (a Triton kernel that only read
 weight bytes, codes and scales, in contiguous chunks of 4-16 KiB, one per program, the best of
 a few chunk sizes: the memory floor of any kernel streaming this weight here),
 and for M = 8192 "cuBLAS on deq" (bf16 matmul of the already dequantized operands: the
-issue's target is ours <= 1.05x of it).
+issue's target is ours <= 1.05x of it). The dequantized operands differ by product: for MX
+weights they are the bf16 activations and the dequantized weight; for MX x MX the activations
+are dequantized too, so each product is timed against its own baseline.
 """
 
 import argparse
@@ -365,26 +367,37 @@ def table(N, K, Ms, fmts):
 
 def large_m(N, K, M, fmts, rounds=21):
     print(f"\nM = {M}, N = K = {N}: ours vs cuBLAS bf16 on the already dequantized operands "
-          f"(target <= 1.05x); the three graphs replayed interleaved, {rounds} rounds: ratios "
-          "are medians of per-round ratios [min - max]")
+          f"(target <= 1.05x); the four graphs replayed interleaved, {rounds} rounds: ratios "
+          "are medians of per-round ratios [min - max]. Baselines: 'x bf16' multiplies the bf16 "
+          "activations by the dequantized weight (weight-only's operands), 'x deq' the "
+          "dequantized MX activations by it (MX x MX's operands); 'MX x MX / x bf16' is the "
+          "ratio this script printed before 2026-11-23's twenty-fifth session")
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     for fmt in fmts:
         ws = make_weights(fmt, N, K, 2)
         w_deq = [w.dequantize(torch.bfloat16) for w in ws]
         x_mx = MXTensor.to_mx(x, fmt, 32)
+        x_deq = x_mx.dequantize(torch.bfloat16)
         times = interleaved_us({
-            "base": [lambda w=w: F.linear(x, w) for w in w_deq],
+            "x bf16": [lambda w=w: F.linear(x, w) for w in w_deq],
+            "x deq": [lambda w=w: F.linear(x_deq, w) for w in w_deq],
             "weight-only": [lambda w=w: F.linear(x, w) for w in ws],
             "MX x MX": [lambda w=w: F.linear(x_mx, w) for w in ws],
         }, rounds=rounds)
-        base = statistics.median(times["base"])
-        line = (f"{fmt.name:12s} cuBLAS on deq {base:7.1f} us "
-                f"({2 * M * N * K / base / 1e6:.0f} TFLOP/s)")
-        for name in ("weight-only", "MX x MX"):
-            med, lo, hi = ratio_stats(times, name, "base")
-            line += (f"   {name} {statistics.median(times[name]):7.1f} us "
-                     f"{med:5.3f}x [{lo:5.3f} - {hi:5.3f}]")
-        print(line)
+
+        def cell(name, base):
+            med, lo, hi = ratio_stats(times, name, base)
+            return f"{med:5.3f}x [{lo:5.3f} - {hi:5.3f}]"
+
+        def baseline(name):
+            t = statistics.median(times[name])
+            return f"cuBLAS on deq ({name}) {t:7.1f} us ({2 * M * N * K / t / 1e6:.0f} TFLOP/s)"
+
+        print(f"{fmt.name:12s} {baseline('x bf16')}   weight-only "
+              f"{statistics.median(times['weight-only']):7.1f} us {cell('weight-only', 'x bf16')}")
+        print(f"{'':12s} {baseline('x deq')}    MX x MX "
+              f"{statistics.median(times['MX x MX']):7.1f} us {cell('MX x MX', 'x deq')}   "
+              f"MX x MX / x bf16 {cell('MX x MX', 'x bf16')}")
 
 
 def main():
