@@ -51,7 +51,7 @@ ROWS_MAX_M = 1
 # bf16 products without bias of M >= PIPELINE_MIN_M rows, K >= PIPELINE_MIN_K and N in
 # PIPELINE_N, in chunks of PIPELINE_COLUMNS output columns: where it was measured to win on an
 # H100 (M = 4096 and 8192 at N = K = 8192; no gain at K = 4096, a loss at M <= 2048 or with
-# chunks of 512 columns; docs/matmul.md). Elsewhere one dequantize, then one GEMM.
+# chunks of 512 or 2048 columns; docs/matmul.md). Elsewhere one dequantize, then one GEMM.
 PIPELINE_MIN_M = 4096
 PIPELINE_MIN_K = 8192
 PIPELINE_N = (4096, 8192)
