@@ -378,6 +378,9 @@ def large_m(N, K, M, fmts, rounds=21):
         w_deq = [w.dequantize(torch.bfloat16) for w in ws]
         x_mx = MXTensor.to_mx(x, fmt, 32)
         x_deq = x_mx.dequantize(torch.bfloat16)
+        check(F.linear(x, ws[0]), x, ws[0], name=f"{fmt.name} weight-only {M}x{N}x{K}")
+        check(F.linear(x_mx, ws[0]), x_deq, ws[0], name=f"{fmt.name} MX x MX {M}x{N}x{K}")
+        print(f"check: {fmt.name} weight-only and MX x MX match the exact product")
         times = interleaved_us({
             "x bf16": [lambda w=w: F.linear(x, w) for w in w_deq],
             "x deq": [lambda w=w: F.linear(x_deq, w) for w in w_deq],
@@ -408,7 +411,7 @@ def main():
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--formats", default=",".join(f.name for f in FORMATS))
     parser.add_argument("--large-m", action="store_true",
-                        help="only the M = 8192 comparison (no check, no table)")
+                        help="only the M = 8192 comparison (checked, no table)")
     parser.add_argument("--rounds", type=int, default=21,
                         help="interleaved rounds of the M = 8192 comparison")
     parser.add_argument("--m", default=None,
