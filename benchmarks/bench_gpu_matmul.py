@@ -5,6 +5,7 @@ mm, measured side by side in one run (issue #7).
     python benchmarks/bench_gpu_matmul.py --sweep      # time the fused kernel's configurations
     python benchmarks/bench_gpu_matmul.py --e2e        # + decode latency of a Llama-style stack
     python benchmarks/bench_gpu_matmul.py --large-m    # only M = 8192 vs cuBLAS on deq, interleaved
+    python benchmarks/bench_gpu_matmul.py --mx-gemm    # MX x MX: the x-decoding GEMM vs dequantize
 
 Every case is first checked against the exact product (fp64 of the dequantized operands; the
 fp32-accumulated result must be within a few fp32 ulps of the inner products' magnitude, and
@@ -45,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
 from torchmx.kernels import byte_gemv, fragment_layout, fragment_matmul as fm, mma_linear  # noqa: E402
-from torchmx.kernels import matmul as km, piece_layout  # noqa: E402
+from torchmx.kernels import matmul as km, mx_gemm, piece_layout  # noqa: E402
 from torchmx.mx_ops import fragment_linear as fragment_op, piece_linear as piece_op  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
@@ -403,6 +404,49 @@ def large_m(N, K, M, fmts, rounds=21):
               f"MX x MX / x bf16 {cell('MX x MX', 'x bf16')}")
 
 
+def mx_gemm_sweep(fmts, rounds=7):
+    """MX x MX products both ways, interleaved: kernels/mx_gemm.py's GEMM (x decoded in its main
+    loop, W dequantized in its order) and the dequantize + cuBLAS path, each against cuBLAS on
+    the dequantized operands; 'preferred' is mx_gemm.preferred's choice (what F.linear runs).
+    Each is checked against the exact product first."""
+    print(f"\nMX x MX: the x-decoding GEMM ('gemm') vs dequantize + cuBLAS ('deq'), both against "
+          f"cuBLAS bf16 on the dequantized operands; medians of {rounds} interleaved rounds")
+    print(f"{'format':12s} {'M':>5s} {'N':>6s} {'K':>5s} {'cuBLAS us':>10s} {'deq':>7s} "
+          f"{'gemm':>7s} {'gemm/deq [min - max]':>22s} preferred")
+    for fmt in fmts:
+        for M, N, K in itertools.product((2048, 4096, 8192), (1024, 4096, 8192, 14336),
+                                         (4096, 8192)):
+            g = torch.Generator(device="cuda").manual_seed(M + N + K)
+            x = MXTensor.to_mx(torch.randn(M, K, device="cuda", generator=g,
+                                           dtype=torch.bfloat16), fmt, 32)
+            ws = make_weights(fmt, N, K, 2)
+            x_deq = x.dequantize(torch.bfloat16)
+            w_deq = [w.dequantize(torch.bfloat16) for w in ws]
+            parts = (x._data, x._scale_e8m0, fmt)
+
+            def gemm(w):
+                return mx_gemm.mx_gemm(*parts, w._data, w._scale_e8m0, fmt)
+
+            def deq(w):
+                return km.linear(x_deq, w._scale_e8m0, w._data, fmt, 32, K, None,
+                                 torch.bfloat16)
+
+            check(gemm(ws[0]), x_deq, ws[0], name=f"{fmt.name} gemm {M}x{N}x{K}")
+            check(deq(ws[0]), x_deq, ws[0], name=f"{fmt.name} deq {M}x{N}x{K}")
+            times = interleaved_us({
+                "cublas": [lambda w=w: torch.mm(x_deq, w.t()) for w in w_deq],
+                "deq": [lambda w=w: (x.dequantize(torch.bfloat16), deq(w)) for w in ws],
+                "gemm": [lambda w=w: gemm(w) for w in ws]}, rounds=rounds)
+            med, lo, hi = ratio_stats(times, "gemm", "deq")
+            print(f"{fmt.name:12s} {M:5d} {N:6d} {K:5d} {statistics.median(times['cublas']):10.1f} "
+                  f"{ratio_stats(times, 'deq', 'cublas')[0]:6.3f}x "
+                  f"{ratio_stats(times, 'gemm', 'cublas')[0]:6.3f}x "
+                  f"{med:6.3f} [{lo:5.3f} - {hi:5.3f}]  "
+                  f"{'gemm' if mx_gemm.preferred(fmt, fmt, M, N, x.device) else 'deq'}", flush=True)
+            del x, ws, x_deq, w_deq
+            torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true")
@@ -412,6 +456,9 @@ def main():
     parser.add_argument("--formats", default=",".join(f.name for f in FORMATS))
     parser.add_argument("--large-m", action="store_true",
                         help="only the M = 8192 comparison (checked, no table)")
+    parser.add_argument("--mx-gemm", action="store_true",
+                        help="only MX x MX: the x-decoding GEMM against dequantize + cuBLAS "
+                             "over shapes (checked)")
     parser.add_argument("--rounds", type=int, default=21,
                         help="interleaved rounds of the M = 8192 comparison")
     parser.add_argument("--m", default=None,
@@ -424,6 +471,9 @@ def main():
     large = [dtypes.float4_e2m1, dtypes.float8_e4m3]
     if args.large_m:
         large_m(N, K, 8192, [f for f in fmts if f in large] or large, args.rounds)
+        return
+    if args.mx_gemm:
+        mx_gemm_sweep([f for f in fmts if f in mx_gemm.MAX_N] or list(mx_gemm.MAX_N))
         return
     if not args.no_check:
         check_all(name)

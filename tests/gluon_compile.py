@@ -1,9 +1,14 @@
-"""Compile stream_linear's Gluon kernel for sm_90 on any machine (no GPU needed) and read what
-ptxas says about it: Gluon kernels do not run under Triton's interpreter, so the CPU tests
-check that the kernel compiles, keeps its wgmmas asynchronous and spills nothing.
+"""Compile the Gluon kernels for sm_90 on any machine (no GPU needed) and read what ptxas
+says about them: Gluon kernels do not run under Triton's interpreter, so the CPU tests check
+that each kernel compiles, keeps its wgmmas asynchronous and spills nothing.
 
 Gluon cannot compile the interpreter's functions, so `compile_reports` compiles in a child
-process without TRITON_INTERPRET (the tests run under it on the CPU).
+process without TRITON_INTERPRET (the tests run under it on the CPU). A case is a tuple whose
+first item names the kernel:
+
+    ("stream", format, M, N, K, bias, out dtype)   stream_linear_kernel
+    ("mx_gemm", x format, M, N, K)                  mx_gemm_kernel (bf16 weight chunk [N, K])
+    ("dequantize", w format, N, K)                  permuted_dequantize_kernel
 """
 
 import json
@@ -17,21 +22,57 @@ import torch
 import triton
 
 from torchmx import dtypes
-from torchmx.kernels import stream_layout, stream_linear
+from torchmx.kernels import mx_gemm, stream_layout, stream_linear
+
+
+def _specialization(value):
+    """(signature type, attribute key) as Triton's launcher specializes an argument: key "D"
+    for pointers and ints divisible by 16."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    return native_specialize_impl(BaseBackend, value, False, True, True)
 
 
 def _signature_type(value) -> str:
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend
-    return native_specialize_impl(BaseBackend, value, False, True, True)[0]
+    return _specialization(value)[0]
+
+
+def _compile(kernel, arguments, constants) -> Tuple[str, bytes]:
+    """(ptxas -v output, cubin) of a Gluon kernel for these launch arguments, for sm_90."""
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    constants = dict(constants)
+    num_warps = constants.pop("num_warps")
+    names = kernel.arg_names
+    signature = dict(zip(names, map(_signature_type, arguments)))
+    constexprs = dict(constants)
+    for name, value in zip(names, arguments):  # Triton specializes ints equal to 1
+        if signature[name] == "constexpr":
+            constexprs[name] = value
+    signature.update({name: "constexpr" for name in constants})
+    # the divisibility a launch would specialize on (16-byte aligned pointers, strides),
+    # without which the compiler cannot vectorize loads and stores as it does on the GPU
+    attrs = {(i,): BaseBackend.parse_attr(key) for i, (_, key) in
+             enumerate(map(_specialization, arguments)) if isinstance(key, str) and key}
+    source = GluonASTSource(fn=kernel, signature=signature, attrs=attrs,
+                            constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=num_warps))
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        ptx = os.path.join(d, "kernel.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o",
+                                 os.path.join(d, "kernel.cubin")],
+                                capture_output=True, text=True, check=True)
+    return report.stdout + report.stderr, compiled.asm["cubin"]
 
 
 def compile_sm90(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool = True,
                  out_dtype: torch.dtype = torch.bfloat16, config=None) -> Tuple[str, bytes]:
     """(ptxas -v output, cubin) of stream_linear_kernel as stream_linear would launch it for
     x [M, K] and a weight [N, K], built from CPU tensors of those shapes."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     from torchmx.kernels._gl_stream import stream_linear_kernel
     x = torch.zeros(M, K, dtype=torch.bfloat16)
     codes = torch.zeros(N * K // stream_layout.STEP_CODES * stream_layout.step_bytes(fmt),
@@ -42,43 +83,61 @@ def compile_sm90(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool = True,
     out = torch.zeros(M, N, dtype=out_dtype)
     _, arguments, constants = stream_linear.kernel_arguments(
         x, codes, scales, w_scale, w_data, fmt, out[0] if bias else None, out, config)
-    num_warps = constants.pop("num_warps")
-    names = stream_linear_kernel.arg_names
-    signature = dict(zip(names, map(_signature_type, arguments)))
-    constexprs = dict(constants)
-    for name, value in zip(names, arguments):  # Triton specializes ints equal to 1
-        if signature[name] == "constexpr":
-            constexprs[name] = value
-    signature.update({name: "constexpr" for name in constants})
-    source = GluonASTSource(fn=stream_linear_kernel, signature=signature, attrs={},
-                            constexprs={(names.index(n),): v for n, v in constexprs.items()})
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=num_warps))
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as d:
-        ptx = os.path.join(d, "kernel.ptx")
-        with open(ptx, "w") as f:
-            f.write(kernel.asm["ptx"])
-        report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o",
-                                 os.path.join(d, "kernel.cubin")],
-                                capture_output=True, text=True, check=True)
-    return report.stdout + report.stderr, kernel.asm["cubin"]
+    return _compile(stream_linear_kernel, arguments, constants)
 
 
-def compile_reports(cases: List[Tuple[str, int, int, int, bool, str]]) -> List[str]:
-    """ptxas -v output for each (format name, M, N, K, bias, out dtype name), compiled in one
-    child process with Triton's interpreter off."""
+def _mx_parts(fmt: dtypes.DType, rows: int, K: int):
+    return (torch.zeros(rows, K * fmt.bytes_per_group // fmt.codes_per_group, dtype=torch.uint8),
+            torch.zeros(rows, K // 32, dtype=torch.uint8))
+
+
+def compile_mx_gemm_sm90(x_fmt: dtypes.DType, M: int, N: int, K: int) -> Tuple[str, bytes]:
+    """(ptxas -v output, cubin) of mx_gemm_kernel as mx_gemm launches it for an MX x [M, K] and
+    a weight chunk [N, K], built from CPU tensors."""
+    from torchmx.kernels._gl_mx_gemm import mx_gemm_kernel
+    x_data, x_scale = _mx_parts(x_fmt, M, K)
+    w = torch.zeros(N, K, dtype=torch.bfloat16)
+    out = torch.zeros(M, N, dtype=torch.bfloat16)
+    _, arguments, constants = mx_gemm.gemm_arguments(x_data, x_scale, x_fmt, w, out,
+                                                     mx_gemm.new_flags(M, N, out.device))
+    return _compile(mx_gemm_kernel, arguments, constants)
+
+
+def compile_dequantize_sm90(w_fmt: dtypes.DType, N: int, K: int) -> Tuple[str, bytes]:
+    """(ptxas -v output, cubin) of permuted_dequantize_kernel for a weight [N, K]."""
+    from torchmx.kernels._gl_mx_gemm import permuted_dequantize_kernel
+    w_data, w_scale = _mx_parts(w_fmt, N, K)
+    out = torch.zeros(N, K, dtype=torch.bfloat16)
+    _, arguments, constants = mx_gemm.dequantize_arguments(w_data, w_scale, w_fmt, out)
+    return _compile(permuted_dequantize_kernel, arguments, constants)
+
+
+def _report(case) -> str:
+    kind, name, *shape = case
+    fmt = dtypes.from_name(name)
+    if kind == "stream":
+        M, N, K, bias, out = shape
+        return compile_sm90(fmt, M, N, K, bias, getattr(torch, out))[0]
+    if kind == "mx_gemm":
+        return compile_mx_gemm_sm90(fmt, *shape)[0]
+    if kind == "dequantize":
+        return compile_dequantize_sm90(fmt, *shape)[0]
+    raise ValueError(f"unknown kernel {kind!r}")
+
+
+def compile_reports(cases: List[tuple]) -> List[str]:
+    """ptxas -v output for each case (the module docstring's tuples), compiled in one child
+    process with Triton's interpreter off."""
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in (os.path.dirname(here), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=path)
     child = subprocess.run([sys.executable, __file__], input=json.dumps(cases), env=env,
                            capture_output=True, text=True, cwd=here)
     if child.returncode:
-        raise RuntimeError(f"compiling the stream kernel for sm_90 failed:\n{child.stderr}")
+        raise RuntimeError(f"compiling Gluon kernels for sm_90 failed:\n{child.stderr}")
     return json.loads(child.stdout.splitlines()[-1])
 
 
 if __name__ == "__main__":
-    reports = [compile_sm90(dtypes.from_name(f), M, N, K, bias, getattr(torch, out))[0]
-               for f, M, N, K, bias, out in json.loads(sys.stdin.read())]
+    reports = [_report(case) for case in json.loads(sys.stdin.read())]
     print(json.dumps(reports))

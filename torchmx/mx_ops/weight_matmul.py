@@ -12,6 +12,8 @@ call it below autograd, so it has no autograd formula of its own.
 
 `route` is what the handlers call: the product a @ b (+ bias) when b is a 2-d MX weight
 blocked along the reduction dim and the kernels take it, else None (the generic exact path).
+An MX activation is dequantized first, except where kernels/mx_gemm.py's GEMM, which decodes
+it in its main loop, is faster (`torch.ops.torchmx.mx_mx_linear`, below).
 """
 
 import os
@@ -25,7 +27,7 @@ from ..mx_tensor import MXTensor, dequantize
 from ..numerics import arguments as args
 from ..numerics.packing import packed_length
 
-__all__ = ["mx_weight_linear", "route", "route_linear", "KERNEL_DEVICES"]
+__all__ = ["mx_weight_linear", "mx_mx_linear", "route", "route_linear", "KERNEL_DEVICES"]
 
 # Devices whose MX-weight matmuls run the kernels. Tests add "cpu" to run them under Triton's
 # interpreter.
@@ -94,6 +96,58 @@ def _mx_weight_linear_fake(input, weight_scale, weight_data, elem_dtype_name, bl
     return input.new_empty((*input.shape[:-1], weight_scale.shape[0]), dtype=out_dtype)
 
 
+@torch.library.custom_op("torchmx::mx_mx_linear", mutates_args=())
+def mx_mx_linear(input_scale: Tensor, input_data: Tensor, weight_scale: Tensor,
+                 weight_data: Tensor, input_dtype_name: str, weight_dtype_name: str,
+                 in_features: int) -> Tensor:
+    """F.linear(x, W) rounded once to bf16 for the MX matrices x [M, K] and W [N, K] (blocks of
+    32 along K) given by their scale bytes and codes: kernels/mx_gemm.py's GEMM where it can
+    run (`mx_gemm.eligible`), else x dequantized and mx_weight_linear."""
+    from ..kernels import mx_gemm
+    x_fmt, w_fmt = (args.check_elem_dtype(n) for n in (input_dtype_name, weight_dtype_name))
+    K = in_features
+    x = torch.empty(input_scale.shape[0], K, dtype=torch.bfloat16, device=input_scale.device)
+    _check_parts(x, weight_scale, weight_data, weight_dtype_name, 32, K, None, torch.bfloat16,
+                 "mx_mx_linear")
+    _check_parts(x, input_scale, input_data, input_dtype_name, 32, K, None, torch.bfloat16,
+                 "mx_mx_linear")
+    if mx_gemm.eligible(input_data, input_scale, x_fmt, 32, weight_data, weight_scale, w_fmt,
+                        32, torch.bfloat16):
+        return mx_gemm.mx_gemm(input_data, input_scale, x_fmt, weight_data, weight_scale, w_fmt)
+    x = torch.ops.torchmx.dequantize_mx(input_data, input_scale, input_dtype_name, 32,
+                                        torch.bfloat16, 1, block_dim_size=K)
+    return torch.ops.torchmx.mx_weight_linear(x, weight_scale, weight_data, weight_dtype_name,
+                                              32, K, None, torch.bfloat16)
+
+
+@mx_mx_linear.register_fake
+def _mx_mx_linear_fake(input_scale, input_data, weight_scale, weight_data, input_dtype_name,
+                       weight_dtype_name, in_features):
+    return input_scale.new_empty((input_scale.shape[0], weight_scale.shape[0]),
+                                 dtype=torch.bfloat16)
+
+
+def _mx_gemm_route(a: MXTensor, scale: Tensor, data: Tensor, w: MXTensor, K: int, bias,
+                   out_dtype: torch.dtype) -> Optional[Tensor]:
+    """a @ W.T through mx_mx_linear where kernels/mx_gemm.py's GEMM is preferred for this
+    product (bf16, no bias, blocks of 32, a's blocks along K; W [N, K] by scale and data);
+    else None."""
+    from ..kernels import mx_gemm
+    if (bias is not None or out_dtype != torch.bfloat16 or a.block_size != 32
+            or w.block_size != 32 or a.device.type != "cuda" or not mx_gemm.usable_on(a.device)):
+        return None
+    x_scale = a._scale_e8m0.reshape(-1, a._scale_e8m0.shape[-1])
+    x_data = a._data.reshape(-1, a._data.shape[-1])
+    M, N = x_scale.shape[0], scale.shape[0]
+    if not (mx_gemm.preferred(a.elem_dtype, w.elem_dtype, M, N, a.device)
+            and mx_gemm.eligible(x_data, x_scale, a.elem_dtype, 32, data, scale, w.elem_dtype,
+                                 32, torch.bfloat16)):
+        return None
+    out = torch.ops.torchmx.mx_mx_linear(x_scale, x_data, scale, data, a.elem_dtype.name,
+                                         w.elem_dtype.name, K)
+    return out.reshape(*a.shape[:-1], N)
+
+
 def route(a, b, bias=None, alpha=1, beta=1, *, out_dtype: torch.dtype) -> Optional[Tensor]:
     """alpha * (a @ b) + beta * bias through mx_weight_linear when that applies: b a 2-d
     MXTensor [K, N] blocked along K, alpha = beta = 1 (see `_route`). Otherwise None."""
@@ -121,12 +175,15 @@ def _route(a, w, k_dim: int, bias, out_dtype: torch.dtype) -> Optional[Tensor]:
     from ..kernels import matmul as kernels
     if not kernels.supported(w.elem_dtype, w.block_size, out_dtype):
         return None
-    if isinstance(a, MXTensor):
-        if a.block_dim != a.dim() - 1:
-            return None
-        a = dequantize(a, out_dtype)
     scale, data = w._scale_e8m0, w._data
     if k_dim == 0:
         scale, data = scale.t(), data.t()
+    if isinstance(a, MXTensor):
+        if a.block_dim != a.dim() - 1:
+            return None
+        fast = _mx_gemm_route(a, scale, data, w, w.shape[k_dim], bias, out_dtype)
+        if fast is not None:
+            return fast
+        a = dequantize(a, out_dtype)
     return torch.ops.torchmx.mx_weight_linear(a, scale, data, w.elem_dtype.name, w.block_size,
                                               w.shape[k_dim], bias, out_dtype)
