@@ -7,7 +7,7 @@ process without TRITON_INTERPRET (the tests run under it on the CPU). A case is 
 first item names the kernel:
 
     ("stream", format, M, N, K, bias, out dtype)   stream_linear_kernel
-    ("mx_gemm", x format, M, N, K)                  mx_gemm_kernel (bf16 weight chunk [N, K])
+    ("mx_gemm", x format, M, N, K)                  mx_gemm_kernel (a bf16 weight [N, K])
     ("dequantize", w format, N, K)                  permuted_dequantize_kernel
 """
 
@@ -93,7 +93,7 @@ def _mx_parts(fmt: dtypes.DType, rows: int, K: int):
 
 def compile_mx_gemm_sm90(x_fmt: dtypes.DType, M: int, N: int, K: int) -> Tuple[str, bytes]:
     """(ptxas -v output, cubin) of mx_gemm_kernel as mx_gemm launches it for an MX x [M, K] and
-    a weight chunk [N, K], built from CPU tensors."""
+    a bf16 weight [N, K], built from CPU tensors."""
     from torchmx.kernels._gl_mx_gemm import mx_gemm_kernel
     x_data, x_scale = _mx_parts(x_fmt, M, K)
     w = torch.zeros(N, K, dtype=torch.bfloat16)
