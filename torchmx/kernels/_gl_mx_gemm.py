@@ -181,28 +181,6 @@ def _consume(c: gl.constexpr, x_smem, w_smem, c_smem, ready, empty, out_desc, xs
 
 
 @gluon.jit
-def _consume_first(x_smem, w_smem, c_smem, ready, empty, out_desc, xs_ptr, flags_ptr, M,
-                   stride_xs, tiles, tiles_m, steps, flag_stride,
-                   STAGES: gl.constexpr, XB: gl.constexpr, FP4: gl.constexpr,
-                   E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
-                   S_MAX: gl.constexpr):
-    _consume(0, x_smem, w_smem, c_smem, ready, empty, out_desc, xs_ptr, flags_ptr, M, stride_xs,
-             tiles, tiles_m, steps, flag_stride, STAGES, XB, FP4, E5M2, IS_INT,
-             S_MIN, S_MAX)
-
-
-@gluon.jit
-def _consume_second(x_smem, w_smem, c_smem, ready, empty, out_desc, xs_ptr, flags_ptr, M,
-                    stride_xs, tiles, tiles_m, steps, flag_stride,
-                    STAGES: gl.constexpr, XB: gl.constexpr, FP4: gl.constexpr,
-                    E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
-                    S_MAX: gl.constexpr):
-    _consume(1, x_smem, w_smem, c_smem, ready, empty, out_desc, xs_ptr, flags_ptr, M, stride_xs,
-             tiles, tiles_m, steps, flag_stride, STAGES, XB, FP4, E5M2, IS_INT,
-             S_MIN, S_MAX)
-
-
-@gluon.jit
 def _load(x_desc, w_desc, x_smem, w_smem, ready, empty, tiles, tiles_m, steps,
           STAGES: gl.constexpr, XB: gl.constexpr):
     """One warp: the codes of the tile's activation rows [BM, XB bytes] and the weight tile
@@ -247,12 +225,12 @@ def mx_gemm_kernel(x_desc, w_desc, out_desc, xs_ptr, flags_ptr, M, stride_xs, ti
         mbarrier.init(empty.index(j), count=2)
     tiles = tiles_m * tiles_n
     gl.warp_specialize([
-        (_consume_first, (x_smem, w_smem, c_smem, ready, empty, out_desc, xs_ptr, flags_ptr, M,
-                          stride_xs, tiles, tiles_m, steps, flag_stride, STAGES,
-                          XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)),
-        (_consume_second, (x_smem, w_smem, c_smem, ready, empty, out_desc, xs_ptr, flags_ptr, M,
-                           stride_xs, tiles, tiles_m, steps, flag_stride, STAGES,
-                           XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)),
+        (_consume, (0, x_smem, w_smem, c_smem, ready, empty, out_desc, xs_ptr, flags_ptr, M,
+                     stride_xs, tiles, tiles_m, steps, flag_stride, STAGES, XB, FP4, E5M2,
+                     IS_INT, S_MIN, S_MAX)),
+        (_consume, (1, x_smem, w_smem, c_smem, ready, empty, out_desc, xs_ptr, flags_ptr, M,
+                     stride_xs, tiles, tiles_m, steps, flag_stride, STAGES, XB, FP4, E5M2,
+                     IS_INT, S_MIN, S_MAX)),
         (_load, (x_desc, w_desc, x_smem, w_smem, ready, empty, tiles, tiles_m, steps, STAGES,
                  XB)),
     ], [4, 1], [CONSUMER_REGS, 40])

@@ -40,7 +40,6 @@ under Triton's interpreter: the CPU tests compile them for sm_90 and run the fix
 the bits are checked on an H100.
 """
 
-import functools
 from typing import Optional
 
 import torch
@@ -48,10 +47,12 @@ import torch
 from .. import dtypes
 from .matmul import _format_constants, _interpreting, _sm_count
 from .mma_linear import FAST_SCALES
-from .triton_backend import device_capability
+# Gluon with the Hopper TMA / wgmma API, an sm_90 GPU, not the interpreter: what the stream
+# kernel needs too (_gl_mx_gemm builds on _gl_stream)
+from .stream_linear import available, usable_on
 
-__all__ = ["FORMATS", "MIN_M", "MAX_N", "eligible", "mx_gemm", "permuted_weight", "permutation",
-           "preferred", "usable_on"]
+__all__ = ["FORMATS", "MIN_M", "MAX_N", "available", "eligible", "mx_gemm", "permuted_weight",
+           "permutation", "preferred", "usable_on"]
 
 FORMATS = (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8, dtypes.float4_e2m1)
 BLOCK = 32
@@ -71,22 +72,6 @@ MAX_N = {dtypes.float4_e2m1: 8192, dtypes.float8_e4m3: 4096}
 MIN_M = 2048
 MIN_WAVE_FILL = 0.9
 _DEQUANTIZE_ROWS, _DEQUANTIZE_UNITS = 4, 8
-
-
-@functools.lru_cache(maxsize=None)
-def available() -> bool:
-    """Whether this Triton has Gluon with its Hopper TMA and wgmma API (Triton 3.6)."""
-    try:
-        from . import _gl_mx_gemm  # noqa: F401
-    except (ImportError, AttributeError):
-        return False
-    return True
-
-
-def usable_on(device: torch.device) -> bool:
-    """An sm_90 GPU, Gluon, and not Triton's interpreter (which cannot run Gluon)."""
-    return (device.type == "cuda" and not _interpreting() and device_capability(device) == (9, 0)
-            and available())
 
 
 def permutation(K: int) -> torch.Tensor:
