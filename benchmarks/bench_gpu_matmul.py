@@ -404,18 +404,23 @@ def large_m(N, K, M, fmts, rounds=21):
               f"MX x MX / x bf16 {cell('MX x MX', 'x bf16')}")
 
 
-def mx_gemm_sweep(fmts, rounds=7):
-    """MX x MX products both ways, interleaved: kernels/mx_gemm.py's GEMM (x decoded in its main
-    loop, W dequantized in its order) and the dequantize + cuBLAS path, each against cuBLAS on
-    the dequantized operands; 'preferred' is mx_gemm.preferred's choice (what F.linear runs).
-    Each is checked against the exact product first."""
-    print(f"\nMX x MX: the x-decoding GEMM ('gemm') vs dequantize + cuBLAS ('deq'), both against "
-          f"cuBLAS bf16 on the dequantized operands; medians of {rounds} interleaved rounds")
+MX_GEMM_SHAPES = list(itertools.product((2048, 4096, 8192), (1024, 4096, 8192, 14336),
+                                        (4096, 8192)))
+
+
+def mx_gemm_sweep(fmts, shapes=MX_GEMM_SHAPES, rounds=7):
+    """MX x MX products, interleaved: kernels/mx_gemm.py's GEMM (x decoded in its main loop, W
+    dequantized in its order, inside the GEMM ahead of the tiles past the first wave: 'gemm';
+    all of W first: 'W first') and the dequantize + cuBLAS path ('deq'), each against cuBLAS
+    on the dequantized operands; 'preferred' is mx_gemm.preferred's choice (what F.linear
+    runs). Each is checked against the exact product first."""
+    print(f"\nMX x MX: the x-decoding GEMM ('gemm'; 'W first': its weight all dequantized "
+          f"before it) vs dequantize + cuBLAS ('deq'), against cuBLAS bf16 on the dequantized "
+          f"operands; medians of {rounds} interleaved rounds")
     print(f"{'format':12s} {'M':>5s} {'N':>6s} {'K':>5s} {'cuBLAS us':>10s} {'deq':>7s} "
-          f"{'gemm':>7s} {'gemm/deq [min - max]':>22s} preferred")
+          f"{'W first':>7s} {'gemm':>7s} {'gemm/deq [min - max]':>22s} preferred")
     for fmt in fmts:
-        for M, N, K in itertools.product((2048, 4096, 8192), (1024, 4096, 8192, 14336),
-                                         (4096, 8192)):
+        for M, N, K in shapes:
             g = torch.Generator(device="cuda").manual_seed(M + N + K)
             x = MXTensor.to_mx(torch.randn(M, K, device="cuda", generator=g,
                                            dtype=torch.bfloat16), fmt, 32)
@@ -424,24 +429,26 @@ def mx_gemm_sweep(fmts, rounds=7):
             w_deq = [w.dequantize(torch.bfloat16) for w in ws]
             parts = (x._data, x._scale_e8m0, fmt)
 
-            def gemm(w):
-                return mx_gemm.mx_gemm(*parts, w._data, w._scale_e8m0, fmt)
+            def gemm(w, blocks_before=None):
+                return mx_gemm.mx_gemm(*parts, w._data, w._scale_e8m0, fmt, blocks_before)
 
             def deq(w):
                 return km.linear(x_deq, w._scale_e8m0, w._data, fmt, 32, K, None,
                                  torch.bfloat16)
 
             check(gemm(ws[0]), x_deq, ws[0], name=f"{fmt.name} gemm {M}x{N}x{K}")
+            check(gemm(ws[0], N), x_deq, ws[0], name=f"{fmt.name} gemm, W first {M}x{N}x{K}")
             check(deq(ws[0]), x_deq, ws[0], name=f"{fmt.name} deq {M}x{N}x{K}")
             times = interleaved_us({
                 "cublas": [lambda w=w: torch.mm(x_deq, w.t()) for w in w_deq],
                 "deq": [lambda w=w: (x.dequantize(torch.bfloat16), deq(w)) for w in ws],
+                "first": [lambda w=w: gemm(w, N) for w in ws],
                 "gemm": [lambda w=w: gemm(w) for w in ws]}, rounds=rounds)
             med, lo, hi = ratio_stats(times, "gemm", "deq")
             print(f"{fmt.name:12s} {M:5d} {N:6d} {K:5d} {statistics.median(times['cublas']):10.1f} "
-                  f"{ratio_stats(times, 'deq', 'cublas')[0]:6.3f}x "
-                  f"{ratio_stats(times, 'gemm', 'cublas')[0]:6.3f}x "
-                  f"{med:6.3f} [{lo:5.3f} - {hi:5.3f}]  "
+                  + "".join(f"{ratio_stats(times, k, 'cublas')[0]:6.3f}x "
+                            for k in ("deq", "first", "gemm"))
+                  + f"{med:6.3f} [{lo:5.3f} - {hi:5.3f}]  "
                   f"{'gemm' if mx_gemm.preferred(fmt, fmt, M, N, x.device) else 'deq'}", flush=True)
             del x, ws, x_deq, w_deq
             torch.cuda.empty_cache()
@@ -459,8 +466,12 @@ def main():
     parser.add_argument("--mx-gemm", action="store_true",
                         help="only MX x MX: the x-decoding GEMM against dequantize + cuBLAS "
                              "over shapes (checked)")
-    parser.add_argument("--rounds", type=int, default=21,
-                        help="interleaved rounds of the M = 8192 comparison")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved rounds of the M = 8192 comparison (default 21) or "
+                             "of --mx-gemm (default 7)")
+    parser.add_argument("--shapes", default=None,
+                        help="--mx-gemm: MxNxK,... (default: M 2048-8192, N 1024-14336, "
+                             "K 4096, 8192)")
     parser.add_argument("--m", default=None,
                         help="activation rows (table: 1,16,32,64,128; --sweep: 1,16)")
     args = parser.parse_args()
@@ -470,10 +481,14 @@ def main():
     fmts = [dtypes.from_name(f) for f in args.formats.split(",")]
     large = [dtypes.float4_e2m1, dtypes.float8_e4m3]
     if args.large_m:
-        large_m(N, K, 8192, [f for f in fmts if f in large] or large, args.rounds)
+        large_m(N, K, 8192, [f for f in fmts if f in large] or large, args.rounds or 21)
         return
     if args.mx_gemm:
-        mx_gemm_sweep([f for f in fmts if f in mx_gemm.MAX_N] or list(mx_gemm.MAX_N))
+        shapes = ([tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
+                  if args.shapes else MX_GEMM_SHAPES)
+        mx_gemm_sweep([f for f in fmts if f in mx_gemm.PREFERRED_FORMATS]
+                      or list(mx_gemm.PREFERRED_FORMATS), shapes,
+                      args.rounds or 7)
         return
     if not args.no_check:
         check_all(name)
@@ -490,7 +505,7 @@ def main():
             fragment_sweep([int(m) for m in (args.m or "1,16,32,64").split(",")], N, K)
         return
     table(N, K, [int(m) for m in (args.m or "1,16,32,64,128").split(",")], fmts)
-    large_m(N, K, 8192, large, args.rounds)
+    large_m(N, K, 8192, large, args.rounds or 21)
     if args.e2e:
         from decode_llama import run as run_e2e
         run_e2e()

@@ -7,7 +7,7 @@ process without TRITON_INTERPRET (the tests run under it on the CPU). A case is 
 first item names the kernel:
 
     ("stream", format, M, N, K, bias, out dtype)   stream_linear_kernel
-    ("mx_gemm", x format, M, N, K)                  mx_gemm_kernel (a bf16 weight [N, K])
+    ("mx_gemm", x format, w format, M, N, K)        mx_gemm_kernel
     ("dequantize", w format, N, K)                  permuted_dequantize_kernel
 """
 
@@ -91,15 +91,19 @@ def _mx_parts(fmt: dtypes.DType, rows: int, K: int):
             torch.zeros(rows, K // 32, dtype=torch.uint8))
 
 
-def compile_mx_gemm_sm90(x_fmt: dtypes.DType, M: int, N: int, K: int) -> Tuple[str, bytes]:
-    """(ptxas -v output, cubin) of mx_gemm_kernel as mx_gemm launches it for an MX x [M, K] and
-    a bf16 weight [N, K], built from CPU tensors."""
+def compile_mx_gemm_sm90(x_fmt: dtypes.DType, w_fmt: dtypes.DType, M: int, N: int,
+                         K: int) -> Tuple[str, bytes]:
+    """(ptxas -v output, cubin) of mx_gemm_kernel as mx_gemm launches it for MX x [M, K] and
+    W [N, K], built from CPU tensors."""
     from torchmx.kernels._gl_mx_gemm import mx_gemm_kernel
     x_data, x_scale = _mx_parts(x_fmt, M, K)
+    w_data, w_scale = _mx_parts(w_fmt, N, K)
     w = torch.zeros(N, K, dtype=torch.bfloat16)
     out = torch.zeros(M, N, dtype=torch.bfloat16)
-    _, arguments, constants = mx_gemm.gemm_arguments(x_data, x_scale, x_fmt, w, out,
-                                                     mx_gemm.new_flags(M, N, out.device))
+    counts = torch.zeros(-(-N // mx_gemm.TILE_N) + 1, dtype=torch.int32)
+    _, arguments, constants = mx_gemm.gemm_arguments(
+        x_data, x_scale, x_fmt, w_data, w_scale, w_fmt, w, out,
+        mx_gemm.new_flags(M, N, out.device), counts, 0, sms=132)
     return _compile(mx_gemm_kernel, arguments, constants)
 
 
@@ -119,7 +123,7 @@ def _report(case) -> str:
         M, N, K, bias, out = shape
         return compile_sm90(fmt, M, N, K, bias, getattr(torch, out))[0]
     if kind == "mx_gemm":
-        return compile_mx_gemm_sm90(fmt, *shape)[0]
+        return compile_mx_gemm_sm90(fmt, dtypes.from_name(shape[0]), *shape[1:])[0]
     if kind == "dequantize":
         return compile_dequantize_sm90(fmt, *shape)[0]
     raise ValueError(f"unknown kernel {kind!r}")

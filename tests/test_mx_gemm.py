@@ -89,28 +89,39 @@ def test_fixup_of_nothing_flagged_changes_nothing():
 
 # --- policy and eligibility -------------------------------------------------------------------
 
+def test_first_wave_blocks_are_the_blocks_the_first_tiles_read():
+    # tiles m fastest, one a CTA: 132 CTAs over 64 row tiles read blocks 0, 1 and 2
+    assert mx_gemm.first_wave_blocks(8192, 8192, 132) == 3
+    assert mx_gemm.first_wave_blocks(8192, 8192, 128) == 2
+    assert mx_gemm.first_wave_blocks(2048, 4312, 132) == 9
+    assert mx_gemm.first_wave_blocks(2048, 1024, 132) == 4  # every block: one wave holds all
+    assert mx_gemm.first_wave_blocks(100, 300, 1) == 1
+
+
 def test_preferred_follows_the_measured_shapes(monkeypatch):
-    """benchmarks/bench_gpu_matmul.py --mx-gemm on an H100 (132 SMs): MXFP4 up to N = 8192, e4m3
-    up to 4096, from 2048 rows with 90% of the SMs' tiles filled; never for mixed formats."""
+    """benchmarks/bench_gpu_matmul.py --mx-gemm on an H100 (132 SMs): MXFP4 and e4m3, from 2048
+    rows with 90% of the SMs' tiles filled; never for other or mixed formats."""
     cuda = torch.device("cuda")
     monkeypatch.setattr(mx_gemm, "_sm_count", lambda device: 132)
     table = {(f.name, M, N): mx_gemm.preferred(f, f, M, N, cuda)
              for f in (E2M1, E4M3, dtypes.int8) for M in (1024, 2048, 8192)
-             for N in (1024, 4096, 8192, 14336)}
+             for N in (1024, 4096, 14336)}
     assert [k for k, v in table.items() if v] == [
-        ("float4_e2m1", 2048, 4096), ("float4_e2m1", 2048, 8192),
+        ("float4_e2m1", 2048, 4096), ("float4_e2m1", 2048, 14336),
         ("float4_e2m1", 8192, 1024), ("float4_e2m1", 8192, 4096),
-        ("float4_e2m1", 8192, 8192), ("float8_e4m3", 2048, 4096),
-        ("float8_e4m3", 8192, 1024), ("float8_e4m3", 8192, 4096)]
+        ("float4_e2m1", 8192, 14336), ("float8_e4m3", 2048, 4096),
+        ("float8_e4m3", 2048, 14336), ("float8_e4m3", 8192, 1024),
+        ("float8_e4m3", 8192, 4096), ("float8_e4m3", 8192, 14336)]
     assert not mx_gemm.preferred(E2M1, E4M3, 8192, 4096, cuda)
 
 
 def _eligible(x_fmt=E4M3, w_fmt=E4M3, M=256, N=256, K=256, x_block=32, out=torch.bfloat16,
-              x_parts=None):
+              x_parts=None, w_parts=None):
     x = MXTensor.to_mx(torch.randn(M, K), x_fmt, 32)
     w = MXTensor.to_mx(torch.randn(N, K), w_fmt, 32)
     x_data, x_scale = x_parts or _parts(x)
-    return mx_gemm.eligible(x_data, x_scale, x_fmt, x_block, *_parts(w), w_fmt, 32, out)
+    return mx_gemm.eligible(x_data, x_scale, x_fmt, x_block, *(w_parts or _parts(w)), w_fmt, 32,
+                            out)
 
 
 def test_eligible_checks_formats_blocks_shapes_and_layout(monkeypatch):
@@ -123,6 +134,12 @@ def test_eligible_checks_formats_blocks_shapes_and_layout(monkeypatch):
     assert not _eligible(N=260)  # N a multiple of 8 (TMA stores rows of 16-byte multiples)
     x = MXTensor.to_mx(torch.randn(256, 512), E4M3, 32)
     assert not _eligible(K=256, x_parts=(x._data[:, ::2], x._scale_e8m0[:, ::2]))
+    # rows that do not start on 16-byte (codes) or 4-byte (scale bytes) boundaries
+    wide = MXTensor.to_mx(torch.randn(256, 384), E4M3, 32)
+    assert _eligible(K=256, w_parts=(wide._data[:, :256], wide._scale_e8m0[:, :8]))
+    assert not _eligible(K=256, w_parts=(wide._data[:, 8:264], wide._scale_e8m0[:, :8]))
+    assert not _eligible(K=256, w_parts=(wide._data[:, :256], wide._scale_e8m0[:, 1:9]))
+    assert not _eligible(K=256, x_parts=(wide._data[:, 8:264], wide._scale_e8m0[:, :8]))
 
 
 @pytest.mark.skipif(ON_GPU, reason="this machine has an sm_90 GPU with Gluon")
@@ -160,7 +177,9 @@ def test_op_passes_opcheck():
 
 # --- the Gluon kernels, compiled for sm_90 on any machine -------------------------------------
 
-_COMPILED = ([("mx_gemm", f.name, 1000, 1000, 1024) for f in FORMATS]
+_COMPILED = ([("mx_gemm", f.name, f.name, 1000, 1000, 1024) for f in FORMATS]
+             + [("mx_gemm", E4M3.name, E2M1.name, 1000, 1000, 1024),
+                ("mx_gemm", E2M1.name, dtypes.int8.name, 1000, 1000, 1024)]
              + [("dequantize", f.name, 300, 1024) for f in (E4M3, E2M1)])
 
 
@@ -212,14 +231,38 @@ def _within_fp32_bound(out, x_mx, w_mx):
 @pytest.mark.parametrize("w_fmt", FORMATS, ids=lambda f: f.name)
 @pytest.mark.parametrize("M,N,K", [(1024, 1024, 1024), (1000, 1096, 640), (130, 264, 128)])
 def test_gemm_is_the_exact_product_up_to_fp32_sums(x_fmt, w_fmt, M, N, K):
+    """By default these shapes' W is dequantized before the GEMM (one wave of tiles reads all
+    of it); blocks_before=0 has the GEMM dequantize every block itself: the same bits."""
     g = torch.Generator(device=DEVICE).manual_seed(M + N)
     x = MXTensor.to_mx(torch.randn(M, K, device=DEVICE, generator=g), x_fmt, 32)
     w = MXTensor.to_mx(torch.randn(N, K, device=DEVICE, generator=g), w_fmt, 32)
     out = mx_gemm.mx_gemm(*_parts(x), x_fmt, *_parts(w), w_fmt)
     assert out.shape == (M, N) and not out.isnan().any()
     assert _within_fp32_bound(out, x, w)
-    again = mx_gemm.mx_gemm(*_parts(x), x_fmt, *_parts(w), w_fmt)
-    assert torch.equal(out, again)  # deterministic
+    inside = mx_gemm.mx_gemm(*_parts(x), x_fmt, *_parts(w), w_fmt, blocks_before=0)
+    assert torch.equal(out, inside)  # and deterministic
+
+
+@on_gpu
+@pytest.mark.parametrize("x_fmt,w_fmt", [(E4M3, E4M3), (E2M1, E2M1), (dtypes.float8_e5m2, E2M1),
+                                          (dtypes.int8, dtypes.int8)], ids=lambda f: f.name)
+@pytest.mark.parametrize("blocks_before,ctas", [(None, None), (0, None), (3, 7), (0, 1)])
+def test_weight_dequantized_inside_the_gemm_gives_the_same_bits(x_fmt, w_fmt, blocks_before,
+                                                                ctas):
+    """2048 x 4312 outputs: 16 x 17 tiles, more than a wave, so by default the first wave's 9
+    blocks of W are dequantized before the GEMM and the other 8 (the last one ragged) inside
+    it, ahead of the tiles that read them; every split, and a GEMM of one CTA (its own
+    dequantize warp writes every block its loader waits for), gives the bits of W
+    dequantized first."""
+    M, N, K = 2048, 4312, 384  # K: 6 steps, not a whole pass of the dequantize warp
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    x = MXTensor.to_mx(torch.randn(M, K, device=DEVICE, generator=g), x_fmt, 32)
+    w = MXTensor.to_mx(torch.randn(N, K, device=DEVICE, generator=g), w_fmt, 32)
+    first = mx_gemm.mx_gemm(*_parts(x), x_fmt, *_parts(w), w_fmt, blocks_before=17)
+    assert _within_fp32_bound(first, x, w)
+    out = mx_gemm.mx_gemm(*_parts(x), x_fmt, *_parts(w), w_fmt, blocks_before=blocks_before,
+                          ctas=ctas)
+    assert torch.equal(out, first)
 
 
 @on_gpu
@@ -228,8 +271,9 @@ def test_gemm_is_the_exact_product_up_to_fp32_sums(x_fmt, w_fmt, M, N, K):
 def test_integer_operands_give_the_exact_bits(x_fmt, w_fmt):
     x, w = integer_operands(w_fmt, 512, 512, 1024)
     x = MXTensor.to_mx(x, x_fmt, 32)
-    out = mx_gemm.mx_gemm(*_parts(x), x_fmt, *_parts(w), w_fmt)
-    assert torch.equal(out, _exact(x, w))
+    for blocks_before in (None, 0):
+        out = mx_gemm.mx_gemm(*_parts(x), x_fmt, *_parts(w), w_fmt, blocks_before=blocks_before)
+        assert torch.equal(out, _exact(x, w))
 
 
 @on_gpu
@@ -245,7 +289,7 @@ def test_poisoned_decodes_take_the_exact_fixup(x_fmt, w_fmt):
     x._scale_e8m0[700, 10] = 190  # outside FAST_SCALES but for MXINT8; sums stay finite
     w._scale_e8m0[300, 7] = 1
     w._scale_e8m0[17, 0] = 255
-    out = mx_gemm.mx_gemm(*_parts(x), x_fmt, *_parts(w), w_fmt)
+    out = mx_gemm.mx_gemm(*_parts(x), x_fmt, *_parts(w), w_fmt, blocks_before=0)
     assert out[:, 17].isnan().all()
     # tiny and huge scales make the fp32 sums round: any order within the bound
     assert _within_fp32_bound(out, x, w)

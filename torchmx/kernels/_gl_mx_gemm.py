@@ -10,6 +10,7 @@ its wgmma A fragment (mma_linear's order for one-byte codes; for fp4 the same 16
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
@@ -22,6 +23,12 @@ DECODE_E2M1_PLAIN = gl.constexpr(_DECODE_E2M1.value)
 BM = gl.constexpr(128)  # activation rows of a tile: 64 for each consumer warpgroup
 BN = gl.constexpr(256)  # weight rows (output columns) of a tile: wgmma's N
 STEP = gl.constexpr(64)  # K columns of a step
+GROUP = gl.constexpr(8)  # steps of a row the weight's dequantize takes at once (lane 4 u + t)
+# _dequantize_ahead: its warps (a row each) and the groups in its ring; a block's counter once
+# all of its units are written (an arrival per lane per unit)
+AHEAD_WARPS = gl.constexpr(2)
+AHEAD_DEPTH = gl.constexpr(8)
+BLOCK_WRITTEN = gl.constexpr(32 * AHEAD_WARPS.value * (256 // AHEAD_WARPS.value))
 
 __all__ = ["mx_gemm_kernel", "permuted_dequantize_kernel"]
 
@@ -181,14 +188,31 @@ def _consume(c: gl.constexpr, x_smem, w_smem, c_smem, ready, empty, out_desc, xs
 
 
 @gluon.jit
-def _load(x_desc, w_desc, x_smem, w_smem, ready, empty, tiles, tiles_m, steps,
-          STAGES: gl.constexpr, XB: gl.constexpr):
+def _async_proxy_fence(x):
+    """Zeros of x's shape, after `fence.proxy.async.global`: this thread's generic-proxy view
+    of global memory ordered with its async-proxy (TMA) accesses. Adding the zeros to an
+    address or coordinate keeps what uses it after the fence."""
+    return gl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.b32 $0, 0;", "=r,r", [x],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _load(x_desc, w_desc, x_smem, w_smem, ready, empty, counts_ptr, first_block, tiles, tiles_m,
+          steps, STAGES: gl.constexpr, XB: gl.constexpr):
     """One warp: the codes of the tile's activation rows [BM, XB bytes] and the weight tile
-    [BN, 64] of each step into slot it % STAGES, once both consumers freed it."""
+    [BN, 64] of each step into slot it % STAGES, once both consumers freed it; a tile of W's
+    blocks from first_block on once `_dequantize_ahead` has written that block."""
     it = 0
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
         m0 = (tile % tiles_m) * BM
-        n0 = (tile // tiles_m) * BN
+        block = tile // tiles_m
+        n0 = block * BN
+        if block >= first_block:
+            done = gl.atomic_add(counts_ptr + block, 0, sem="acquire", scope="gpu")
+            while done < BLOCK_WRITTEN:
+                done = gl.atomic_add(counts_ptr + block, 0, sem="acquire", scope="gpu")
+            lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+            n0 += gl.max(_async_proxy_fence(lanes + done), axis=0)
         for k in range(steps):
             slot = it % STAGES
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
@@ -202,15 +226,65 @@ def _load(x_desc, w_desc, x_smem, w_smem, ready, empty, tiles, tiles_m, steps,
 
 
 @gluon.jit
+def _dequantize_ahead(wd_ptr, ws_ptr, w_ptr, counts_ptr, codes_smem, scales_smem, N, K,
+                      stride_wd, stride_ws, first_block, tiles_n, S: gl.constexpr,
+                      FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
+                      S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    """AHEAD_WARPS warps: W's blocks of BN rows from first_block on, dequantized into the
+    GEMM's bf16 weight w_ptr (the permuted order) in units of AHEAD_WARPS rows (a row a
+    warp), GROUP steps at a time. The units are taken in order from a queue that the
+    CTAs share (counts_ptr[tiles_n]), so the blocks are written in the order the tiles need
+    them, and only by CTAs that are running (no CTA waits for one that is not); each lane
+    counts its part of a unit in the block's counter (release: its stores are visible to
+    whoever reads the count). The codes and scale words of a unit's next AHEAD_DEPTH - 1 step
+    groups are in flight (cp.async into this partition's ring; each lane reads back only
+    what it copied, so no barrier): with one group in flight, a wave of tiles at 2048
+    activation rows (8 of W's blocks) outran the dequantize."""
+    lanes = gl.arange(0, 32 * AHEAD_WARPS,
+                      layout=gl.BlockedLayout([1], [32], [AHEAD_WARPS], [0]))
+    units = (tiles_n - first_block) * (BN // AHEAD_WARPS)
+    groups = gl.cdiv(gl.cdiv(K, STEP), GROUP)
+    unit = gl.atomic_add(counts_ptr + tiles_n, 1, sem="relaxed", scope="gpu")
+    while unit < units:
+        rows = first_block * BN + unit * AHEAD_WARPS
+        for g in range(AHEAD_DEPTH - 1):
+            _copy_group(wd_ptr, ws_ptr, codes_smem, scales_smem, g, rows, g * GROUP, N, K,
+                        stride_wd, stride_ws, S)
+        for g in range(groups):
+            ahead = g + AHEAD_DEPTH - 1
+            _copy_group(wd_ptr, ws_ptr, codes_smem, scales_smem, ahead % AHEAD_DEPTH, rows,
+                        ahead * GROUP, N, K, stride_wd, stride_ws, S)
+            async_copy.wait_group(AHEAD_DEPTH - 1)  # this lane's copies of group g landed
+            words_layout: gl.constexpr = gl.BlockedLayout([1, S], [1, 32], [AHEAD_WARPS, 1],
+                                                          [1, 0])
+            words = codes_smem.index(g % AHEAD_DEPTH).load(words_layout)
+            scale_words = scales_smem.index(g % AHEAD_DEPTH).load(_lane_layout(AHEAD_WARPS))
+            _decode_store(words, _lane_scales(scale_words, S), w_ptr, rows, g * GROUP, N, K,
+                          AHEAD_WARPS, S, AHEAD_WARPS, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+        async_copy.wait_group(0)  # the copies past the unit's end (masked off) too
+        zeros = _async_proxy_fence(lanes)
+        gl.atomic_add(counts_ptr + rows // BN + zeros, zeros + 1, sem="release", scope="gpu")
+        unit = gl.atomic_add(counts_ptr + tiles_n, 1, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
 def mx_gemm_kernel(x_desc, w_desc, out_desc, xs_ptr, flags_ptr, M, stride_xs, tiles_m, tiles_n,
-                   steps, flag_stride, STAGES: gl.constexpr, FP4: gl.constexpr,
+                   steps, flag_stride, wd_ptr, ws_ptr, w_ptr, counts_ptr, N, K, stride_wd,
+                   stride_ws, first_block, STAGES: gl.constexpr, FP4: gl.constexpr,
                    E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
-                   S_MAX: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                   S_MAX: gl.constexpr, W_S: gl.constexpr, W_FP4: gl.constexpr,
+                   W_E5M2: gl.constexpr, W_IS_INT: gl.constexpr, W_S_MIN: gl.constexpr,
+                   W_S_MAX: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                   AHEAD_REGS: gl.constexpr):
     """out = x @ W^T for the MX activation x (codes by x_desc [M, K bytes], scale bytes at
-    xs_ptr [M, K / 32]) and the weight W (bf16 in the permuted order, w_desc [N, K]): a
-    persistent CTA an SM taking tiles [BM, BN] m fastest; a loader warp and two consumer
+    xs_ptr [M, K / 32]) and the MX weight W (codes wd_ptr [N, K bytes], scale bytes ws_ptr
+    [N, K / 32]), read as bf16 in the permuted order through w_desc (w_ptr [N, K]): its blocks
+    of BN rows before first_block are already there, the others are written by this kernel
+    (`_dequantize_ahead`) before the tiles that need them load them. A persistent CTA an SM
+    taking tiles [BM, BN] m fastest; a loader warp, a dequantize warp and two consumer
     warpgroups (mx_gemm.py). flags [ceil(M / 64), flag_stride]: set where a warpgroup's sums
-    hold NaN or Inf."""
+    hold NaN or Inf; counts_ptr [tiles_n + 1] zeros: the written blocks' counters and the
+    dequantize's queue."""
     XB: gl.constexpr = x_desc.block_type.shape[1]
     x_smem = gl.allocate_shared_memory(gl.uint8, [STAGES] + x_desc.block_type.shape,
                                        x_desc.layout)
@@ -220,6 +294,11 @@ def mx_gemm_kernel(x_desc, w_desc, out_desc, xs_ptr, flags_ptr, M, stride_xs, ti
                                        out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # _dequantize_ahead's ring: a group's codes and scale words for each of its rows
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    codes_smem = gl.allocate_shared_memory(gl.int32, [AHEAD_DEPTH, AHEAD_WARPS, 32 * W_S],
+                                           plain)
+    scales_smem = gl.allocate_shared_memory(gl.int32, [AHEAD_DEPTH, AHEAD_WARPS, 32], plain)
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=1)
         mbarrier.init(empty.index(j), count=2)
@@ -231,48 +310,109 @@ def mx_gemm_kernel(x_desc, w_desc, out_desc, xs_ptr, flags_ptr, M, stride_xs, ti
         (_consume, (1, x_smem, w_smem, c_smem, ready, empty, out_desc, xs_ptr, flags_ptr, M,
                      stride_xs, tiles, tiles_m, steps, flag_stride, STAGES, XB, FP4, E5M2,
                      IS_INT, S_MIN, S_MAX)),
-        (_load, (x_desc, w_desc, x_smem, w_smem, ready, empty, tiles, tiles_m, steps, STAGES,
-                 XB)),
-    ], [4, 1], [CONSUMER_REGS, 40])
+        (_load, (x_desc, w_desc, x_smem, w_smem, ready, empty, counts_ptr, first_block, tiles,
+                 tiles_m, steps, STAGES, XB)),
+        (_dequantize_ahead, (wd_ptr, ws_ptr, w_ptr, counts_ptr, codes_smem, scales_smem, N, K,
+                             stride_wd, stride_ws,
+                             first_block, tiles_n, W_S, W_FP4, W_E5M2, W_IS_INT, W_S_MIN,
+                             W_S_MAX)),
+    ], [4, 1, AHEAD_WARPS], [CONSUMER_REGS, 40, AHEAD_REGS])
+
+
+@gluon.constexpr_function
+def _lane_layout(WARPS):
+    """[WARPS rows, 32]: a row a warp, an element a lane."""
+    return gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])
 
 
 @gluon.jit
-def permuted_dequantize_kernel(data_ptr, scale_ptr, out_ptr, N, K, stride_d, stride_s,
-                               R: gl.constexpr, UNITS: gl.constexpr, S: gl.constexpr,
-                               FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
-                               S_MIN: gl.constexpr, S_MAX: gl.constexpr):
-    """out [N, K] bf16 = the MX weight (codes data_ptr [N, K bytes], scale bytes [N, K / 32])
-    dequantized into the permuted order of each 64-column step (module docstring): R rows (a
-    row a warp: launch with num_warps=R), UNITS steps a program. Values as the GEMM's decode
-    gives them: exact, or NaN where its multiplier is poisoned (the fix-up then recomputes the
-    outputs exactly)."""
+def _group_pointers(data_ptr, scale_ptr, rows, step0, N, K, stride_d, stride_s,
+                    R: gl.constexpr, S: gl.constexpr, WARPS: gl.constexpr):
+    """Where rows rows .. rows + R of the MX weight (codes data_ptr [N, K bytes], scale bytes
+    [N, K / 32]) hold steps step0 .. step0 + GROUP (step0 a multiple of GROUP): lane 4 u + t's
+    S words of codes (16 codes of step u: a warp's load is contiguous) and the scale word
+    holding the byte of its codes' block, 2 (step0 + u) + t // 2 (`_lane_scales` picks it
+    out), as (code pointers [R, 32 S], their mask, scale pointers [R, 32], their mask)."""
     WORDS: gl.constexpr = 4 * S  # 32-bit words of codes in a row's step
-    rows = gl.program_id(0) * R
-    step0 = gl.program_id(1) * UNITS
-    # lane 4 u + t loads its S words of step u (16 contiguous codes): a warp load is contiguous
-    load_layout: gl.constexpr = gl.BlockedLayout([1, S], [1, 32], [R, 1], [1, 0])
-    r = rows + gl.arange(0, R, layout=gl.SliceLayout(1, load_layout))
-    w = gl.arange(0, UNITS * WORDS, layout=gl.SliceLayout(0, load_layout))
+    layout: gl.constexpr = gl.BlockedLayout([1, S], [1, 32], [WARPS, 1], [1, 0])
+    r = rows + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    w = gl.arange(0, GROUP * WORDS, layout=gl.SliceLayout(0, layout))
     ok = (r < N)[:, None] & ((step0 + w // WORDS) * STEP < K)[None, :]
-    row_words = (data_ptr + r[:, None].to(gl.int64) * stride_d).to(gl.pointer_type(gl.int32))
-    words = gl.load(row_words + step0 * WORDS + w[None, :], mask=ok, other=0)
-    words = words.reshape([R * UNITS, 4, S])
-    # lane t's codes lie in block 2 u + t // 2 of the row
-    block = 2 * (step0 + w // WORDS) + (w % WORDS) // (2 * S)
-    s = gl.load(scale_ptr + r[:, None].to(gl.int64) * stride_s + block[None, :],
-                mask=ok, other=127).to(gl.int32)
-    s = s.reshape([R * UNITS, 4, S])
-    s = gl.convert_layout(s, words.type.layout)
+    codes = (data_ptr + r[:, None].to(gl.int64) * stride_d).to(gl.pointer_type(gl.int32))
+    codes = codes + step0 * WORDS + w[None, :]
+    lane: gl.constexpr = _lane_layout(WARPS)
+    r = rows + gl.arange(0, R, layout=gl.SliceLayout(1, lane))
+    u = gl.arange(0, 32, layout=gl.SliceLayout(0, lane)) // 4
+    scale_ok = (r < N)[:, None] & ((step0 + u) * STEP < K)[None, :]
+    scales = (scale_ptr + r[:, None].to(gl.int64) * stride_s + 2 * step0).to(
+        gl.pointer_type(gl.int32)) + (u // 2)[None, :]
+    return codes, ok, scales, scale_ok
+
+
+@gluon.jit
+def _lane_scales(scale_words, S: gl.constexpr):
+    """Each lane's scale byte (out of the word `_group_pointers` points it to) as an int32
+    for each of its S words of codes: [R, 32] -> [R, 32 S] (copies in the lane's registers)."""
+    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, scale_words.type.layout))
+    s = (scale_words >> (8 * (2 * (lane // 4 % 2) + lane % 4 // 2))[None, :]) & 0xFF
+    s = gl.join(s, s)
+    if S == 4:
+        s = gl.join(s, s)
+    return s.reshape([s.shape[0], 32 * S])
+
+
+@gluon.jit
+def _decode_store(words, s, out_ptr, rows, step0, N, K, R: gl.constexpr, S: gl.constexpr,
+                  WARPS: gl.constexpr, FP4: gl.constexpr, E5M2: gl.constexpr,
+                  IS_INT: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+    """The codes words [R, GROUP 4 S] of rows rows .., steps step0 .. (lane 4 u + t: step u's
+    16 codes t) with their scale bytes s (the same shape), dequantized into out [N, K] bf16 in
+    the permuted order of each 64-column step (module docstring). Values as the GEMM's
+    decode gives them: exact, or NaN where its multiplier is poisoned (the fix-up then
+    recomputes the outputs exactly)."""
+    words = words.reshape([R * GROUP, 4, S])
+    s = gl.convert_layout(s.reshape([R * GROUP, 4, S]), words.type.layout)
     v = _decoded(words, s, FP4, E5M2, IS_INT, S_MIN, S_MAX)
     if FP4:
         t = _fp4_by_q(v)  # [R u, t, Q, h, b]
     else:
         t = gl.join(gl.join(v[0], v[2]), gl.join(v[1], v[3]))  # [R u, t, Q, h, b]
     t = t.permute((0, 2, 3, 1, 4))  # [R u, Q, h, t, b]: column 16 Q + 8 h + 2 t + b
-    t = t.reshape([R, UNITS * STEP])
-    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [R, 1], [1, 0])
+    t = t.reshape([R, GROUP * STEP])
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     t = gl.convert_layout(t, store_layout)
     ro = rows + gl.arange(0, R, layout=gl.SliceLayout(1, store_layout))
-    co = step0 * STEP + gl.arange(0, UNITS * STEP, layout=gl.SliceLayout(0, store_layout))
+    co = step0 * STEP + gl.arange(0, GROUP * STEP, layout=gl.SliceLayout(0, store_layout))
     gl.store(out_ptr + ro[:, None].to(gl.int64) * K + co[None, :], t,
              mask=(ro < N)[:, None] & (co < K)[None, :])
+
+
+@gluon.jit
+def _copy_group(data_ptr, scale_ptr, codes_smem, scales_smem, slot, rows, step0, N, K,
+                stride_d, stride_s, S: gl.constexpr):
+    """cp.async of `_group_pointers`' codes and scale words into slot `slot` of the ring, one
+    commit group (masked off past the weight: zeros)."""
+    codes, ok, scales, scale_ok = _group_pointers(data_ptr, scale_ptr, rows, step0, N, K,
+                                                  stride_d, stride_s, AHEAD_WARPS, S,
+                                                  AHEAD_WARPS)
+    async_copy.async_copy_global_to_shared(codes_smem.index(slot), codes, mask=ok)
+    async_copy.async_copy_global_to_shared(scales_smem.index(slot), scales, mask=scale_ok)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def permuted_dequantize_kernel(data_ptr, scale_ptr, out_ptr, N, K, stride_d, stride_s,
+                               R: gl.constexpr, S: gl.constexpr, FP4: gl.constexpr,
+                               E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
+                               S_MAX: gl.constexpr):
+    """out [N, K] bf16 = the MX weight (codes data_ptr [N, K bytes], scale bytes [N, K / 32])
+    dequantized into the GEMM's order (`_decode_store`): R rows (a row a warp: launch with
+    num_warps=R), GROUP steps a program."""
+    rows = gl.program_id(0) * R
+    step0 = gl.program_id(1) * GROUP
+    codes, ok, scales, scale_ok = _group_pointers(data_ptr, scale_ptr, rows, step0, N, K,
+                                                  stride_d, stride_s, R, S, R)
+    words = gl.load(codes, mask=ok, other=0)
+    scale_words = gl.load(scales, mask=scale_ok, other=0x7F7F7F7F)  # off: 127, one
+    _decode_store(words, _lane_scales(scale_words, S), out_ptr, rows, step0, N, K, R, S, R,
+                  FP4, E5M2, IS_INT, S_MIN, S_MAX)

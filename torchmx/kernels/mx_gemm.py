@@ -34,8 +34,9 @@ cores' order over the permuted K, not cuBLAS's, so where they round (e4m3's wide
 last bits can differ from the dequantize path's; runs on one GPU give the same bits.
 
 Takes: x and W in e4m3, e5m2, MXINT8 or e2m1 (any pair), blocks of 32, bf16 output, K a
-multiple of 128, N of 8, x's codes with rows of unit stride, 16-byte aligned (TMA), on an sm_90 GPU
-with Gluon (`eligible`); MX x MX products take it where `preferred`. Gluon kernels do not run
+multiple of 128, N of 8, both operands' parts with rows of unit stride, the codes' rows
+16-byte aligned and the scale bytes' rows 4-byte aligned (TMA, the weight's copies), on an
+sm_90 GPU with Gluon (`eligible`); MX x MX products take it where `preferred`. Gluon kernels do not run
 under Triton's interpreter: the CPU tests compile them for sm_90 and run the fix-up kernel;
 the bits are checked on an H100.
 """
@@ -51,7 +52,7 @@ from .mma_linear import FAST_SCALES
 # kernel needs too (_gl_mx_gemm builds on _gl_stream)
 from .stream_linear import available, usable_on
 
-__all__ = ["FORMATS", "MIN_M", "MAX_N", "available", "eligible", "mx_gemm", "permuted_weight",
+__all__ = ["FORMATS", "MIN_M", "PREFERRED_FORMATS", "available", "eligible", "mx_gemm", "permuted_weight",
            "permutation", "preferred", "usable_on"]
 
 FORMATS = (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8, dtypes.float4_e2m1)
@@ -60,18 +61,22 @@ TILE_M, TILE_N, STEP = 128, 256, 64
 # Flags, one per 64 x 256 outputs (a consumer warpgroup's part of a tile)
 FLAG_M = 64
 STAGES = 4
+# setmaxnreg: the consumer warpgroups (the first gets what the others leave), and the
+# warpgroup of the loader warp and the dequantize warps (a ring of cp.async keeps their
+# registers few)
 CONSUMER_REGS = 232
+AHEAD_REGS = 56
 # Where MX x MX products take this path (`preferred`): where it measured faster than the
 # dequantize + cuBLAS path on an H100 (benchmarks/bench_gpu_matmul.py --mx-gemm, docs/
-# performance.md): x and W of one format, MXFP4 up to 8192 output columns, e4m3 up to 4096
-# (beyond, exposing W's dequantize costs more than x's, which the other path exposes, and the
-# e4m3 decode keeps the GEMM a little behind cuBLAS); at least MIN_M rows and enough tiles
-# to fill MIN_WAVE_FILL of the SMs (at 2048 x 1024 half of them idle and it lost by a third).
-# e5m2, MXINT8 and mixed pairs lost at 8192^3 and were not measured elsewhere.
-MAX_N = {dtypes.float4_e2m1: 8192, dtypes.float8_e4m3: 4096}
+# performance.md): x and W both MXFP4 or both e4m3, at least MIN_M rows and enough tiles to
+# fill MIN_WAVE_FILL of the SMs (at 2048 x 1024 half of them idle and it lost by a third).
+# e5m2, MXINT8 and mixed pairs lost at 8192^3 when W was dequantized before the GEMM and
+# have not been measured since.
+PREFERRED_FORMATS = (dtypes.float4_e2m1, dtypes.float8_e4m3)
 MIN_M = 2048
 MIN_WAVE_FILL = 0.9
-_DEQUANTIZE_ROWS, _DEQUANTIZE_UNITS = 4, 8
+_DEQUANTIZE_ROWS = 4  # a row a warp
+_DEQUANTIZE_STEPS = 8  # _gl_mx_gemm.GROUP: steps a program
 
 
 def permutation(K: int) -> torch.Tensor:
@@ -103,16 +108,23 @@ def eligible(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DType, x
         return False
     x_bytes = K * x_fmt.bytes_per_group // x_fmt.codes_per_group
     return (all(_unit_rows(t) for t in (x_data, x_scale, w_data, w_scale))
-            and x_data.shape == (M, x_bytes) and x_data.stride(0) % 16 == 0
-            and x_data.data_ptr() % 16 == 0 and usable_on(x_data.device))
+            and x_data.shape == (M, x_bytes) and _aligned(x_data, 16)
+            and _aligned(w_data, 16) and _aligned(w_scale, 4) and usable_on(x_data.device))
+
+
+def _aligned(t: torch.Tensor, size: int) -> bool:
+    """Rows that start on `size`-byte boundaries: x's codes for TMA, W's codes and scale
+    bytes for the dequantize's 16-byte copies and 4-byte words."""
+    return t.data_ptr() % size == 0 and t.stride(0) * t.element_size() % size == 0
 
 
 def preferred(x_fmt: dtypes.DType, w_fmt: dtypes.DType, M: int, N: int,
               device: torch.device) -> bool:
     """Whether an MX x MX product of this shape is faster here than through dequantize +
-    cuBLAS on `device` (MAX_N, MIN_M, MIN_WAVE_FILL); `eligible` decides whether it can run."""
+    cuBLAS on `device` (PREFERRED_FORMATS, MIN_M, MIN_WAVE_FILL); `eligible` decides whether
+    it can run."""
     tiles = -(-M // TILE_M) * -(-N // TILE_N)
-    return (x_fmt == w_fmt and N <= MAX_N.get(x_fmt, 0) and M >= MIN_M
+    return (x_fmt == w_fmt and x_fmt in PREFERRED_FORMATS and M >= MIN_M
             and tiles >= MIN_WAVE_FILL * _sm_count(device))
 
 
@@ -122,16 +134,22 @@ def _decode_flags(fmt: dtypes.DType) -> dict:
                 IS_INT=fmt == dtypes.int8, S_MIN=low, S_MAX=high)
 
 
+def _lane_words(fmt: dtypes.DType) -> int:
+    """32-bit words of a lane's 16 codes."""
+    return 4 if fmt.codes_per_group == 1 else 2
+
+
 def dequantize_arguments(w_data: torch.Tensor, w_scale: torch.Tensor, w_fmt: dtypes.DType,
-                         out: torch.Tensor):
+                         out: torch.Tensor, rows: Optional[int] = None):
     """(grid, arguments, constexprs) of permuted_dequantize_kernel writing W [N, K] (its codes
-    and scale bytes, rows of unit stride) into out (bf16 [N, K], contiguous)."""
+    and scale bytes, rows of unit stride), or its first `rows` rows, into out (bf16 [N, K],
+    contiguous)."""
     N, K = out.shape
-    words = 4 if w_fmt.codes_per_group == 1 else 2  # a lane's 16 codes: 32-bit words
-    grid = (-(-N // _DEQUANTIZE_ROWS), -(-K // (STEP * _DEQUANTIZE_UNITS)))
+    N = N if rows is None else min(rows, N)
+    grid = (-(-N // _DEQUANTIZE_ROWS), -(-K // (STEP * _DEQUANTIZE_STEPS)))
     arguments = (w_data.view(torch.uint8), w_scale, out, N, K, w_data.stride(0),
                  w_scale.stride(0))
-    constants = dict(R=_DEQUANTIZE_ROWS, UNITS=_DEQUANTIZE_UNITS, S=words,
+    constants = dict(R=_DEQUANTIZE_ROWS, S=_lane_words(w_fmt),
                      num_warps=_DEQUANTIZE_ROWS, **_decode_flags(w_fmt))
     return grid, arguments, constants
 
@@ -142,6 +160,10 @@ def permuted_weight(w_data: torch.Tensor, w_scale: torch.Tensor,
     step in the GEMM's order: out[:, L] = W[:, permutation(K)[L]], exact where the decode is
     exact, NaN where it is poisoned."""
     from ._gl_mx_gemm import permuted_dequantize_kernel
+    if not (_unit_rows(w_data) and _unit_rows(w_scale) and _aligned(w_data, 16)
+            and _aligned(w_scale, 4)):
+        raise ValueError("mx_gemm.permuted_weight: needs codes and scale bytes with rows of "
+                         "unit stride, starting on 16- and 4-byte boundaries")
     N, K = w_scale.shape[0], w_scale.shape[1] * BLOCK
     out = torch.empty((N, K), dtype=torch.bfloat16, device=w_data.device)
     if N:
@@ -151,10 +173,13 @@ def permuted_weight(w_data: torch.Tensor, w_scale: torch.Tensor,
 
 
 def gemm_arguments(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DType,
+                   w_data: torch.Tensor, w_scale: torch.Tensor, w_fmt: dtypes.DType,
                    w: torch.Tensor, out: torch.Tensor, flags: torch.Tensor,
-                   sms: Optional[int] = None):
-    """(grid, arguments, constexprs) of mx_gemm_kernel for out = x @ w.T, w bf16 [N, K] in the
-    GEMM's order, flags int32 [ceil(M / 64) * ceil(N / 256)] (`new_flags`)."""
+                   counts: torch.Tensor, first_block: int, sms: Optional[int] = None):
+    """(grid, arguments, constexprs) of mx_gemm_kernel for out = x @ W.T: w bf16 [N, K], W in
+    the GEMM's order, its blocks of TILE_N rows before first_block already written (the
+    kernel writes the others); flags int32 [ceil(M / 64) * ceil(N / 256)] (`new_flags`),
+    counts int32 [ceil(N / 256) + 1] zeros."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     M, N = x_scale.shape[0], w.shape[0]
@@ -172,9 +197,11 @@ def gemm_arguments(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DT
     tiles_m, tiles_n = -(-M // TILE_M), -(-N // TILE_N)
     sms = sms or _sm_count(x_data.device)
     arguments = (x_desc, w_desc, out_desc, x_scale, flags, M, x_scale.stride(0), tiles_m,
-                 tiles_n, K // STEP, tiles_n)
-    constants = dict(STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
-                     **_decode_flags(x_fmt))
+                 tiles_n, K // STEP, tiles_n, w_data.view(torch.uint8), w_scale, w, counts, N,
+                 K, w_data.stride(0), w_scale.stride(0), first_block)
+    constants = dict(STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, AHEAD_REGS=AHEAD_REGS,
+                     num_warps=4, W_S=_lane_words(w_fmt), **_decode_flags(x_fmt),
+                     **{f"W_{k}": v for k, v in _decode_flags(w_fmt).items()})
     return (min(sms, tiles_m * tiles_n),), arguments, constants
 
 
@@ -206,11 +233,22 @@ def fixup(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt, out, flags) -> None:
         fixup_kernel[grid](*arguments, **constants)
 
 
+def first_wave_blocks(M: int, N: int, sms: int) -> int:
+    """W's blocks of TILE_N rows that the GEMM's first wave of tiles (one a CTA, m fastest)
+    reads: dequantized before the GEMM starts, the rest inside it."""
+    tiles_m, tiles_n = -(-M // TILE_M), -(-N // TILE_N)
+    return min(tiles_n, (min(sms, tiles_m * tiles_n) - 1) // tiles_m + 1)
+
+
 def mx_gemm(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DType,
-            w_data: torch.Tensor, w_scale: torch.Tensor, w_fmt: dtypes.DType) -> torch.Tensor:
+            w_data: torch.Tensor, w_scale: torch.Tensor, w_fmt: dtypes.DType,
+            blocks_before: Optional[int] = None, ctas: Optional[int] = None) -> torch.Tensor:
     """x @ W.T rounded once to bf16, for MX x [M, K] and W [N, K] given by their codes and
-    scale bytes (`eligible`'s operands): W dequantized in the GEMM's order, the GEMM, the
-    fix-up of flagged tiles."""
+    scale bytes (`eligible`'s operands): W's first `blocks_before` blocks of TILE_N rows
+    (default: `first_wave_blocks`) dequantized in the GEMM's order, the GEMM (which
+    dequantizes the other blocks ahead of the tiles that need them), the fix-up of flagged
+    tiles. `ctas` (default: one an SM) and `blocks_before` are there for tests and
+    measurements; the bits do not depend on them."""
     from ._gl_mx_gemm import mx_gemm_kernel
     if not eligible(x_data, x_scale, x_fmt, BLOCK, w_data, w_scale, w_fmt, BLOCK,
                     torch.bfloat16):
@@ -219,11 +257,25 @@ def mx_gemm(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DType,
                          f"and codes with rows of unit stride, 16-byte aligned, on an sm_90 GPU "
                          f"with Gluon; got x {x_fmt.name} {tuple(x_data.shape)}, W {w_fmt.name} "
                          f"{tuple(w_data.shape)} on {x_data.device}")
-    M, N = x_scale.shape[0], w_scale.shape[0]
-    out = torch.empty((M, N), dtype=torch.bfloat16, device=x_data.device)
-    flags = new_flags(M, N, x_data.device)
-    w = permuted_weight(w_data, w_scale, w_fmt)
-    grid, arguments, constants = gemm_arguments(x_data, x_scale, x_fmt, w, out, flags)
+    from ._gl_mx_gemm import permuted_dequantize_kernel
+    M, N, K = x_scale.shape[0], w_scale.shape[0], x_scale.shape[1] * BLOCK
+    device = x_data.device
+    sms = ctas or _sm_count(device)
+    tiles_n = -(-N // TILE_N)
+    before = first_wave_blocks(M, N, sms) if blocks_before is None else blocks_before
+    before = max(0, min(before, tiles_n))
+    out = torch.empty((M, N), dtype=torch.bfloat16, device=device)
+    # one cleared allocation for the fix-up's flags and the GEMM's block counters + queue
+    state = torch.zeros(-(-M // FLAG_M) * tiles_n + tiles_n + 1, dtype=torch.int32,
+                        device=device)
+    flags, counts = state[:-(tiles_n + 1)], state[-(tiles_n + 1):]
+    w = torch.empty((N, K), dtype=torch.bfloat16, device=device)
+    if before:
+        grid, arguments, constants = dequantize_arguments(w_data, w_scale, w_fmt, w,
+                                                          rows=before * TILE_N)
+        permuted_dequantize_kernel[grid](*arguments, **constants)
+    grid, arguments, constants = gemm_arguments(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt,
+                                                w, out, flags, counts, before, sms)
     mx_gemm_kernel[grid](*arguments, **constants)
     fixup(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt, out, flags)
     return out
