@@ -14,11 +14,16 @@ not. Here x stays in its codes:
   through shared memory by TMA while the next tile's main loop runs.
 - So that a lane's A fragment is 16 contiguous codes of a row (one shared-memory load), K is
   read in a permuted order inside each 64-column step (_gl_mx_gemm's docstring), and the
-  weight is dequantized into that order by `permuted_dequantize_kernel` (about as fast as
-  the plain dequantize) before the GEMM. Unlike the dequantize path, which hides W's
-  dequantize behind cuBLAS in chunks but exposes x's, this one exposes W's: it wins where W is
-  not larger than x (`preferred`). Chunking W here did not pay: the GEMM's CTAs leave room
-  on the SMs, so a side-stream dequantize runs beside them, but it then slows them as much.
+  weight is read as bf16 in that order from a buffer [N, K] that the GEMM itself fills, just
+  ahead of the tiles that need it: a third partition of two warps dequantizes W's rows in
+  pairs, taken in order from a queue the CTAs share, through a ring of cp.async copies, and
+  counts each pair in its 256-row block's counter; the loader waits for a block's count
+  before loading its first tile of it. The blocks that the first wave of tiles reads
+  (`first_wave_blocks`) are dequantized before the GEMM by `permuted_dequantize_kernel`, at
+  the whole GPU's bandwidth. Dequantizing all of W first (the twenty-eighth session's path)
+  exposed its time; chunks on a side stream did not hide it (the two kernels then share the
+  SMs' issue slots). Deadlock-free with any number of CTAs running: a CTA waits only for
+  blocks whose pairs running CTAs have taken or will take.
 - Exactness: a decode that cannot give a value exactly in bf16 (a scale byte outside
   FAST_SCALES, NaN / Inf codes) gives NaN instead (mma_linear's poisoned multiplier), in x's
   decode and in the weight's alike; every 64 x 256 tile whose sums come out NaN or Inf, from
@@ -36,9 +41,9 @@ last bits can differ from the dequantize path's; runs on one GPU give the same b
 Takes: x and W in e4m3, e5m2, MXINT8 or e2m1 (any pair), blocks of 32, bf16 output, K a
 multiple of 128, N of 8, both operands' parts with rows of unit stride, the codes' rows
 16-byte aligned and the scale bytes' rows 4-byte aligned (TMA, the weight's copies), on an
-sm_90 GPU with Gluon (`eligible`); MX x MX products take it where `preferred`. Gluon kernels do not run
-under Triton's interpreter: the CPU tests compile them for sm_90 and run the fix-up kernel;
-the bits are checked on an H100.
+sm_90 GPU with Gluon (`eligible`); MX x MX products take it where `preferred`. Gluon kernels
+do not run under Triton's interpreter: the CPU tests compile them for sm_90 and run the fix-up
+kernel; the bits are checked on an H100.
 """
 
 from typing import Optional
@@ -52,7 +57,8 @@ from .mma_linear import FAST_SCALES
 # kernel needs too (_gl_mx_gemm builds on _gl_stream)
 from .stream_linear import available, usable_on
 
-__all__ = ["FORMATS", "MIN_M", "PREFERRED_FORMATS", "available", "eligible", "mx_gemm", "permuted_weight",
+__all__ = ["FORMATS", "MIN_M", "PREFERRED_FORMATS", "available", "eligible", "first_wave_blocks",
+           "mx_gemm", "permuted_weight",
            "permutation", "preferred", "usable_on"]
 
 FORMATS = (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8, dtypes.float4_e2m1)
