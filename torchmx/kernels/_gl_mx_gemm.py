@@ -116,6 +116,21 @@ def _next_slot(it, ready, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _step_freeing(acc, it, previous, c: gl.constexpr, x_smem, w_smem, s, ready, empty,
+                  STAGES: gl.constexpr, XB: gl.constexpr, FP4: gl.constexpr,
+                  E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
+                  S_MAX: gl.constexpr):
+    """Issues step `it` (once its slot is ready), waits for the wgmma before it and frees that
+    one's slot `previous`: (acc, this step's slot)."""
+    slot = _next_slot(it, ready, STAGES)
+    acc = _step(acc, x_smem.index(slot).slice(64 * c, 64), w_smem.index(slot), s, False, XB,
+                FP4, E5M2, IS_INT, S_MIN, S_MAX)
+    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+    mbarrier.arrive(empty.index(previous))
+    return acc, slot
+
+
+@gluon.jit
 def _store_tile(acc, out_desc, c_smem, flags_ptr, flag, row0, col0, c: gl.constexpr):
     """The warpgroup's sums [64, BN]: a flag where any is NaN or Inf (the exact fix-up then
     recomputes them), and the sums rounded to out's dtype, stored by TMA in four [64, 64]
@@ -151,35 +166,20 @@ def _consume(c: gl.constexpr, x_smem, w_smem, c_smem, ready, empty, out_desc, xs
         row0 = m0 + 64 * c
         s0 = _scale_bytes(xs_ptr, row0, M, stride_xs, 0, s_layout)
         s1 = _scale_bytes(xs_ptr, row0, M, stride_xs, 1, s_layout)
-        slot = _next_slot(it, ready, STAGES)
-        acc = _step(acc, x_smem.index(slot).slice(64 * c, 64), w_smem.index(slot), s0, True, XB,
-                    FP4, E5M2, IS_INT, S_MIN, S_MAX)
-        first = slot
-        it += 1
-        slot = _next_slot(it, ready, STAGES)
-        acc = _step(acc, x_smem.index(slot).slice(64 * c, 64), w_smem.index(slot), s1, False,
+        first = _next_slot(it, ready, STAGES)
+        acc = _step(acc, x_smem.index(first).slice(64 * c, 64), w_smem.index(first), s0, True,
                     XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        mbarrier.arrive(empty.index(first))
-        last = slot
-        it += 1
+        acc, last = _step_freeing(acc, it + 1, first, c, x_smem, w_smem, s1, ready, empty,
+                                  STAGES, XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+        it += 2
         for pair in range(1, steps // 2):
             s0 = _scale_bytes(xs_ptr, row0, M, stride_xs, 2 * pair, s_layout)
             s1 = _scale_bytes(xs_ptr, row0, M, stride_xs, 2 * pair + 1, s_layout)
-            slot = _next_slot(it, ready, STAGES)
-            acc = _step(acc, x_smem.index(slot).slice(64 * c, 64), w_smem.index(slot), s0,
-                        False, XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            mbarrier.arrive(empty.index(last))
-            first = slot
-            it += 1
-            slot = _next_slot(it, ready, STAGES)
-            acc = _step(acc, x_smem.index(slot).slice(64 * c, 64), w_smem.index(slot), s1,
-                        False, XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            mbarrier.arrive(empty.index(first))
-            last = slot
-            it += 1
+            acc, first = _step_freeing(acc, it, last, c, x_smem, w_smem, s0, ready, empty,
+                                       STAGES, XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+            acc, last = _step_freeing(acc, it + 1, first, c, x_smem, w_smem, s1, ready, empty,
+                                      STAGES, XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+            it += 2
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(last))
         flag = (row0 // 64) * flag_stride + n0 // BN
@@ -281,8 +281,8 @@ def mx_gemm_kernel(x_desc, w_desc, out_desc, xs_ptr, flags_ptr, M, stride_xs, ti
     [N, K / 32]), read as bf16 in the permuted order through w_desc (w_ptr [N, K]): its blocks
     of BN rows before first_block are already there, the others are written by this kernel
     (`_dequantize_ahead`) before the tiles that need them load them. A persistent CTA an SM
-    taking tiles [BM, BN] m fastest; a loader warp, a dequantize warp and two consumer
-    warpgroups (mx_gemm.py). flags [ceil(M / 64), flag_stride]: set where a warpgroup's sums
+    taking tiles [BM, BN] m fastest; a loader warp, AHEAD_WARPS dequantize warps and two
+    consumer warpgroups (mx_gemm.py). flags [ceil(M / 64), flag_stride]: set where a warpgroup's sums
     hold NaN or Inf; counts_ptr [tiles_n + 1] zeros: the written blocks' counters and the
     dequantize's queue."""
     XB: gl.constexpr = x_desc.block_type.shape[1]

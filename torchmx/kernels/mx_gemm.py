@@ -227,7 +227,11 @@ def fixup_arguments(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt, out, flags):
 
 def new_flags(M: int, N: int, device: torch.device) -> torch.Tensor:
     """The fix-up's flags for an output [M, N], cleared: one per 64 x 256 outputs."""
-    return torch.zeros(-(-M // FLAG_M) * -(-N // TILE_N), dtype=torch.int32, device=device)
+    return torch.zeros(_flag_count(M, N), dtype=torch.int32, device=device)
+
+
+def _flag_count(M: int, N: int) -> int:
+    return -(-M // FLAG_M) * -(-N // TILE_N)
 
 
 def fixup(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt, out, flags) -> None:
@@ -272,8 +276,7 @@ def mx_gemm(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DType,
     before = max(0, min(before, tiles_n))
     out = torch.empty((M, N), dtype=torch.bfloat16, device=device)
     # one cleared allocation for the fix-up's flags and the GEMM's block counters + queue
-    state = torch.zeros(-(-M // FLAG_M) * tiles_n + tiles_n + 1, dtype=torch.int32,
-                        device=device)
+    state = torch.zeros(_flag_count(M, N) + tiles_n + 1, dtype=torch.int32, device=device)
     flags, counts = state[:-(tiles_n + 1)], state[-(tiles_n + 1):]
     w = torch.empty((N, K), dtype=torch.bfloat16, device=device)
     if before:
