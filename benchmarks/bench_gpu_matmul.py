@@ -408,26 +408,27 @@ MX_GEMM_SHAPES = list(itertools.product((2048, 4096, 8192), (1024, 4096, 8192, 1
                                         (4096, 8192)))
 
 
-def mx_gemm_sweep(fmts, shapes=MX_GEMM_SHAPES, rounds=7):
+def mx_gemm_sweep(pairs, shapes=MX_GEMM_SHAPES, rounds=7):
     """MX x MX products, interleaved: kernels/mx_gemm.py's GEMM (x decoded in its main loop, W
     dequantized in its order, inside the GEMM ahead of the tiles past the first wave: 'gemm';
     all of W first: 'W first') and the dequantize + cuBLAS path ('deq'), each against cuBLAS
     on the dequantized operands; 'preferred' is mx_gemm.preferred's choice (what F.linear
-    runs). Each is checked against the exact product first."""
+    runs). pairs: (x format, W format). Each is checked against the exact product first."""
     print(f"\nMX x MX: the x-decoding GEMM ('gemm'; 'W first': its weight all dequantized "
           f"before it) vs dequantize + cuBLAS ('deq'), against cuBLAS bf16 on the dequantized "
           f"operands; medians of {rounds} interleaved rounds")
-    print(f"{'format':12s} {'M':>5s} {'N':>6s} {'K':>5s} {'cuBLAS us':>10s} {'deq':>7s} "
+    print(f"{'x / W format':25s} {'M':>5s} {'N':>6s} {'K':>5s} {'cuBLAS us':>10s} {'deq':>7s} "
           f"{'W first':>7s} {'gemm':>7s} {'gemm/deq [min - max]':>22s} preferred")
-    for fmt in fmts:
+    for x_fmt, fmt in pairs:
+        name = x_fmt.name if x_fmt == fmt else f"{x_fmt.name} / {fmt.name}"
         for M, N, K in shapes:
             g = torch.Generator(device="cuda").manual_seed(M + N + K)
             x = MXTensor.to_mx(torch.randn(M, K, device="cuda", generator=g,
-                                           dtype=torch.bfloat16), fmt, 32)
+                                           dtype=torch.bfloat16), x_fmt, 32)
             ws = make_weights(fmt, N, K, 2)
             x_deq = x.dequantize(torch.bfloat16)
             w_deq = [w.dequantize(torch.bfloat16) for w in ws]
-            parts = (x._data, x._scale_e8m0, fmt)
+            parts = (x._data, x._scale_e8m0, x_fmt)
 
             def gemm(w, blocks_before=None):
                 return mx_gemm.mx_gemm(*parts, w._data, w._scale_e8m0, fmt, blocks_before)
@@ -436,20 +437,21 @@ def mx_gemm_sweep(fmts, shapes=MX_GEMM_SHAPES, rounds=7):
                 return km.linear(x_deq, w._scale_e8m0, w._data, fmt, 32, K, None,
                                  torch.bfloat16)
 
-            check(gemm(ws[0]), x_deq, ws[0], name=f"{fmt.name} gemm {M}x{N}x{K}")
-            check(gemm(ws[0], N), x_deq, ws[0], name=f"{fmt.name} gemm, W first {M}x{N}x{K}")
-            check(deq(ws[0]), x_deq, ws[0], name=f"{fmt.name} deq {M}x{N}x{K}")
+            check(gemm(ws[0]), x_deq, ws[0], name=f"{name} gemm {M}x{N}x{K}")
+            check(gemm(ws[0], N), x_deq, ws[0], name=f"{name} gemm, W first {M}x{N}x{K}")
+            check(deq(ws[0]), x_deq, ws[0], name=f"{name} deq {M}x{N}x{K}")
             times = interleaved_us({
                 "cublas": [lambda w=w: torch.mm(x_deq, w.t()) for w in w_deq],
                 "deq": [lambda w=w: (x.dequantize(torch.bfloat16), deq(w)) for w in ws],
                 "first": [lambda w=w: gemm(w, N) for w in ws],
                 "gemm": [lambda w=w: gemm(w) for w in ws]}, rounds=rounds)
             med, lo, hi = ratio_stats(times, "gemm", "deq")
-            print(f"{fmt.name:12s} {M:5d} {N:6d} {K:5d} {statistics.median(times['cublas']):10.1f} "
+            print(f"{name:25s} {M:5d} {N:6d} {K:5d} {statistics.median(times['cublas']):10.1f} "
                   + "".join(f"{ratio_stats(times, k, 'cublas')[0]:6.3f}x "
                             for k in ("deq", "first", "gemm"))
                   + f"{med:6.3f} [{lo:5.3f} - {hi:5.3f}]  "
-                  f"{'gemm' if mx_gemm.preferred(fmt, fmt, M, N, x.device) else 'deq'}", flush=True)
+                  f"{'gemm' if mx_gemm.preferred(x_fmt, fmt, M, N, x.device) else 'deq'}",
+                  flush=True)
             del x, ws, x_deq, w_deq
             torch.cuda.empty_cache()
 
@@ -460,7 +462,10 @@ def main():
     parser.add_argument("--e2e", action="store_true")
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--no-check", action="store_true")
-    parser.add_argument("--formats", default=",".join(f.name for f in FORMATS))
+    parser.add_argument("--formats", default=None,
+                        help="formats, comma-separated (default: all); --mx-gemm: x's and W's "
+                             "formats, FORMAT (both) or X_FORMAT/W_FORMAT (default: "
+                             "mx_gemm.PREFERRED_FORMATS, each with itself)")
     parser.add_argument("--large-m", action="store_true",
                         help="only the M = 8192 comparison (checked, no table)")
     parser.add_argument("--mx-gemm", action="store_true",
@@ -478,7 +483,9 @@ def main():
     name = torch.cuda.get_device_name()
     print(f"device: {name}, torch {torch.__version__}, {datetime.date.today()}")
     N = K = args.size
-    fmts = [dtypes.from_name(f) for f in args.formats.split(",")]
+    fmts = FORMATS
+    if args.formats and not args.mx_gemm:
+        fmts = [dtypes.from_name(f) for f in args.formats.split(",")]
     large = [dtypes.float4_e2m1, dtypes.float8_e4m3]
     if args.large_m:
         large_m(N, K, 8192, [f for f in fmts if f in large] or large, args.rounds or 21)
@@ -486,9 +493,11 @@ def main():
     if args.mx_gemm:
         shapes = ([tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
                   if args.shapes else MX_GEMM_SHAPES)
-        mx_gemm_sweep([f for f in fmts if f in mx_gemm.PREFERRED_FORMATS]
-                      or list(mx_gemm.PREFERRED_FORMATS), shapes,
-                      args.rounds or 7)
+        pairs = [(f, f) for f in mx_gemm.PREFERRED_FORMATS]
+        if args.formats:
+            pairs = [tuple(dtypes.from_name(f) for f in (pair.split("/") * 2)[:2])
+                     for pair in args.formats.split(",")]
+        mx_gemm_sweep(pairs, shapes, args.rounds or 7)
         return
     if not args.no_check:
         check_all(name)

@@ -99,8 +99,8 @@ def test_first_wave_blocks_are_the_blocks_the_first_tiles_read():
 
 
 def test_preferred_follows_the_measured_shapes(monkeypatch):
-    """benchmarks/bench_gpu_matmul.py --mx-gemm on an H100 (132 SMs): MXFP4 and e4m3, from 2048
-    rows with 90% of the SMs' tiles filled; never for other or mixed formats."""
+    """benchmarks/bench_gpu_matmul.py --mx-gemm on an H100 (132 SMs): any pair of MXFP4, e4m3
+    and e5m2, from 2048 rows with 90% of the SMs' tiles filled; never with MXINT8."""
     cuda = torch.device("cuda")
     monkeypatch.setattr(mx_gemm, "_sm_count", lambda device: 132)
     table = {(f.name, M, N): mx_gemm.preferred(f, f, M, N, cuda)
@@ -112,7 +112,11 @@ def test_preferred_follows_the_measured_shapes(monkeypatch):
         ("float4_e2m1", 8192, 14336), ("float8_e4m3", 2048, 4096),
         ("float8_e4m3", 2048, 14336), ("float8_e4m3", 8192, 1024),
         ("float8_e4m3", 8192, 4096), ("float8_e4m3", 8192, 14336)]
-    assert not mx_gemm.preferred(E2M1, E4M3, 8192, 4096, cuda)
+    pairs = [(x, w) for x in FORMATS for w in FORMATS
+             if mx_gemm.preferred(x, w, 8192, 4096, cuda)]
+    assert len(pairs) == 9 and all(dtypes.int8 not in pair for pair in pairs)
+    assert mx_gemm.preferred(dtypes.float8_e5m2, E2M1, 2048, 4096, cuda)
+    assert not mx_gemm.preferred(E4M3, dtypes.int8, 8192, 4096, cuda)
 
 
 def _eligible(x_fmt=E4M3, w_fmt=E4M3, M=256, N=256, K=256, x_block=32, out=torch.bfloat16,
@@ -296,13 +300,39 @@ def test_poisoned_decodes_take_the_exact_fixup(x_fmt, w_fmt):
 
 
 @on_gpu
-def test_f_linear_routes_preferred_products_to_the_gemm():
-    x, w = integer_operands(E2M1, 4096, 1024, 1024)
-    x = MXTensor.to_mx(x.reshape(2, 2048, 1024), E2M1, 32)
-    assert mx_gemm.preferred(E2M1, E2M1, 4096, 1024, x.device)
+@pytest.mark.parametrize("x_fmt,codes", [(E4M3, (0x7F, 0xFF)),
+                                         (dtypes.float8_e5m2, (0x7C, 0xFC, 0x7E, 0xFF))],
+                         ids=["e4m3-nan", "e5m2-inf-nan"])
+@pytest.mark.parametrize("ctas", [None, 1])
+def test_nan_and_inf_codes_of_x_take_the_exact_fixup(x_fmt, codes, ctas):
+    """The GEMM looks for x's NaN / Inf codes only in the tiles of the first 256 columns, and
+    flags every tile of the 64 rows where it finds one: each row holding such a code (in
+    any step, the last block of rows ragged) comes out exactly, in every column tile."""
+    M, N, K = 1000, 696, 512  # 8 x 3 tiles; rows 960.. a ragged warpgroup
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    x = MXTensor.to_mx(torch.randn(M, K, device=DEVICE, generator=g), x_fmt, 32)
+    w = MXTensor.to_mx(torch.randn(N, K, device=DEVICE, generator=g), E4M3, 32)
+    w._data[:10, 0] = 0  # zeros where x's row 0 has its code: Inf x 0 is NaN
+    places = [(0, 0), (70, 511), (300, 64), (999, 200)]  # (row, K column)
+    for (row, col), code in zip(places, codes * 2):
+        x._data.view(torch.uint8)[row, col] = code
+    out = mx_gemm.mx_gemm(*_parts(x), x_fmt, *_parts(w), E4M3, ctas=ctas)
+    rows = [row for row, _ in places]
+    assert not out[rows].isfinite().any() and out[0, :10].isnan().all()
+    assert out[[r for r in range(M) if r not in rows]].isfinite().all()
+    assert _within_fp32_bound(out, x, w)
+
+
+@on_gpu
+@pytest.mark.parametrize("x_fmt,w_fmt", [(E2M1, E2M1), (E4M3, E2M1), (dtypes.float8_e5m2, E4M3)],
+                         ids=lambda f: f.name)
+def test_f_linear_routes_preferred_products_to_the_gemm(x_fmt, w_fmt):
+    x, w = integer_operands(w_fmt, 4096, 1024, 1024)
+    x = MXTensor.to_mx(x.reshape(2, 2048, 1024), x_fmt, 32)
+    assert mx_gemm.preferred(x_fmt, w_fmt, 4096, 1024, x.device)
     out = F.linear(x, w)
     assert out.shape == (2, 2048, 1024)
-    direct = mx_gemm.mx_gemm(x._data.reshape(4096, -1), x._scale_e8m0.reshape(4096, -1), E2M1,
-                             *_parts(w), E2M1)
+    direct = mx_gemm.mx_gemm(x._data.reshape(4096, -1), x._scale_e8m0.reshape(4096, -1), x_fmt,
+                             *_parts(w), w_fmt)
     assert torch.equal(out.reshape(4096, 1024), direct)
     assert torch.equal(out, _exact(x, w))  # integer operands: exact sums

@@ -16,7 +16,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ._gl_stream import (DECODE_E4M3, DECODE_E5M2, DECODE_INT8, _a_operand, _lane_words,
                          mma_layout, word_layout)
-from .mma_linear import _DECODE_E2M1, _multiplier
+from .mma_linear import _DECODE_E2M1, _multiplier, _scale_multiplier, _special_codes
 
 # mma_linear's decode of eight fp4 codes of a word in the standard packing (code j in bits 4 j)
 DECODE_E2M1_PLAIN = gl.constexpr(_DECODE_E2M1.value)
@@ -35,13 +35,18 @@ __all__ = ["mx_gemm_kernel", "permuted_dequantize_kernel"]
 
 @gluon.jit
 def _decoded(words, s, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
-             S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+             S_MIN: gl.constexpr, S_MAX: gl.constexpr, CODES_CHECKED: gl.constexpr):
     """A step's codes of 64 rows, lane t's words [64, 4, S] (S = 4 words of one-byte codes, 2 of
     fp4) with their scale bytes s (the same shape), as the decoded values: one-byte codes as
     four bf16 tensors v_{2h+b} [64, 4, 4] (byte 2 h + b of word Q), fp4 as eight v_{2r+b} [64,
     4, 2] (nibble 2 r + b of word w: Q = 2 w + r // 2, h = r % 2). value * 2**(s - 127) exact,
-    NaN where mma_linear's multiplier is poisoned."""
-    m = _multiplier(words, s, E5M2, IS_INT, S_MIN, S_MAX, 2 if FP4 else 1, 0)
+    NaN where mma_linear's multiplier is poisoned: for a scale byte outside [S_MIN, S_MAX],
+    and for a NaN / Inf code if CODES_CHECKED (otherwise such a code decodes to a finite
+    value, and the caller must find it another way)."""
+    if CODES_CHECKED:
+        m = _multiplier(words, s, E5M2, IS_INT, S_MIN, S_MAX, 2 if FP4 else 1, 0)
+    else:
+        m = _scale_multiplier(s, E5M2, IS_INT, S_MIN, S_MAX, 2 if FP4 else 1, 0)
     if FP4:
         v = gl.inline_asm_elementwise(DECODE_E2M1_PLAIN, "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
                                       [words, m], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
@@ -70,8 +75,8 @@ def _fp4_by_q(v):
 def _a_registers(words, s, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
                  S_MIN: gl.constexpr, S_MAX: gl.constexpr):
     """A step's words [64, 4, S] of a warpgroup's rows as wgmma's A operand [64, 64] (column L
-    of the module docstring's order)."""
-    v = _decoded(words, s, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+    of the module docstring's order); NaN / Inf codes are not looked for (`_consume`)."""
+    v = _decoded(words, s, FP4, E5M2, IS_INT, S_MIN, S_MAX, False)
     if FP4:
         t = _fp4_by_q(v).permute((0, 2, 3, 1, 4))  # [64, Q, h, t, b]
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(BN),
@@ -94,18 +99,30 @@ def _scale_bytes(xs_ptr, row0, M, stride_xs, step, layout: gl.constexpr):
 
 
 @gluon.jit
-def _step(acc, x_tile, w_tile, s, FIRST: gl.constexpr, XB: gl.constexpr, FP4: gl.constexpr,
-          E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+def _step(acc, special, check, x_tile, w_tile, s, FIRST: gl.constexpr, XB: gl.constexpr,
+          FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
+          S_MAX: gl.constexpr):
     """Issues (does not wait for) acc + A W^T for one step: A the step's codes of the
     warpgroup's 64 rows (x_tile, shared memory) decoded into registers, W^T the bf16 weight
-    tile [BN, 64] (shared memory, in the permuted order)."""
+    tile [BN, 64] (shared memory, in the permuted order). If check (fp8 x only), special
+    [64, 4] (s's layout) also collects the codes' NaN / Inf finds: (acc, special)."""
     words = _lane_words(x_tile, XB)
     s = gl.convert_layout(s, gl.SliceLayout(2, words.type.layout))  # same registers
+    if _has_special_codes(FP4, IS_INT):
+        if check:
+            special = special | _special_codes(words, E5M2)
     s, _ = gl.broadcast(gl.expand_dims(s, 2), words)
     a = _a_registers(words, s, FP4, E5M2, IS_INT, S_MIN, S_MAX)
     if FIRST:
-        return warpgroup_mma(a, w_tile.permute((1, 0)), acc, use_acc=False, is_async=True)
-    return warpgroup_mma(a, w_tile.permute((1, 0)), acc, is_async=True)
+        return warpgroup_mma(a, w_tile.permute((1, 0)), acc, use_acc=False,
+                             is_async=True), special
+    return warpgroup_mma(a, w_tile.permute((1, 0)), acc, is_async=True), special
+
+
+@gluon.constexpr_function
+def _has_special_codes(FP4, IS_INT):
+    """Whether x's format has NaN / Inf codes (e4m3, e5m2)."""
+    return not (FP4 or IS_INT)
 
 
 @gluon.jit
@@ -116,27 +133,27 @@ def _next_slot(it, ready, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _step_freeing(acc, it, previous, c: gl.constexpr, x_smem, w_smem, s, ready, empty,
-                  STAGES: gl.constexpr, XB: gl.constexpr, FP4: gl.constexpr,
+def _step_freeing(acc, special, check, it, previous, c: gl.constexpr, x_smem, w_smem, s, ready,
+                  empty, STAGES: gl.constexpr, XB: gl.constexpr, FP4: gl.constexpr,
                   E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
                   S_MAX: gl.constexpr):
     """Issues step `it` (once its slot is ready), waits for the wgmma before it and frees that
-    one's slot `previous`: (acc, this step's slot)."""
+    one's slot `previous`: (acc, special, this step's slot)."""
     slot = _next_slot(it, ready, STAGES)
-    acc = _step(acc, x_smem.index(slot).slice(64 * c, 64), w_smem.index(slot), s, False, XB,
-                FP4, E5M2, IS_INT, S_MIN, S_MAX)
+    acc, special = _step(acc, special, check, x_smem.index(slot).slice(64 * c, 64),
+                         w_smem.index(slot), s, False, XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
     acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
     mbarrier.arrive(empty.index(previous))
-    return acc, slot
+    return acc, special, slot
 
 
 @gluon.jit
-def _store_tile(acc, out_desc, c_smem, flags_ptr, flag, row0, col0, c: gl.constexpr):
-    """The warpgroup's sums [64, BN]: a flag where any is NaN or Inf (the exact fix-up then
-    recomputes them), and the sums rounded to out's dtype, stored by TMA in four [64, 64]
+def _store_tile(acc, out_desc, c_smem, flag_ptr, row0, col0, c: gl.constexpr):
+    """The warpgroup's sums [64, BN]: their flag set where any is NaN or Inf (the exact fix-up
+    then recomputes them), and the sums rounded to out's dtype, stored by TMA in four [64, 64]
     pieces through two shared-memory buffers."""
     bad = gl.max(((acc != acc) | (gl.abs(acc) == float("inf"))).to(gl.int32), axis=1)
-    gl.store(flags_ptr + flag + bad * 0, bad, mask=bad > 0)
+    gl.store(flag_ptr + bad * 0, bad, mask=bad > 0)
     halves = acc.reshape([64, 2, BN // 2]).permute((0, 2, 1)).split()
     pieces = (halves[0].reshape([64, 2, BN // 4]).permute((0, 2, 1)).split()
               + halves[1].reshape([64, 2, BN // 4]).permute((0, 2, 1)).split())
@@ -156,7 +173,13 @@ def _consume(c: gl.constexpr, x_smem, w_smem, c_smem, ready, empty, out_desc, xs
     """Consumer warpgroup c (rows 64 c .. of each tile): every step of every tile of this CTA.
     Steps go in pairs, so that the A registers of the wgmma left in flight across the loop's
     back edge are not the ones being written (ptxas serializes the wgmmas otherwise); each
-    wgmma runs while the next step is decoded."""
+    wgmma runs while the next step is decoded.
+
+    x's NaN / Inf codes (fp8) are looked for once, not in every tile that decodes them: a
+    row's outputs are all NaN or Inf where one of its codes is (and the fix-up gives them
+    exactly), so the tile of the first 256 columns checks its rows' codes and, where it finds
+    one, flags every tile of these 64 rows; the other tiles decode without looking (a few
+    integer ops a word, a twentieth of the GEMM's time at e4m3 8192^3)."""
     s_layout: gl.constexpr = gl.SliceLayout(2, word_layout(XB // 16))
     acc = gl.zeros([64, BN], gl.float32, mma_layout(BN))
     it = 0
@@ -164,26 +187,36 @@ def _consume(c: gl.constexpr, x_smem, w_smem, c_smem, ready, empty, out_desc, xs
         m0 = (tile % tiles_m) * BM
         n0 = (tile // tiles_m) * BN
         row0 = m0 + 64 * c
+        check = n0 == 0
+        special = gl.zeros([64, 4], gl.int32, s_layout)
         s0 = _scale_bytes(xs_ptr, row0, M, stride_xs, 0, s_layout)
         s1 = _scale_bytes(xs_ptr, row0, M, stride_xs, 1, s_layout)
         first = _next_slot(it, ready, STAGES)
-        acc = _step(acc, x_smem.index(first).slice(64 * c, 64), w_smem.index(first), s0, True,
-                    XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
-        acc, last = _step_freeing(acc, it + 1, first, c, x_smem, w_smem, s1, ready, empty,
-                                  STAGES, XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+        acc, special = _step(acc, special, check, x_smem.index(first).slice(64 * c, 64),
+                             w_smem.index(first), s0, True, XB, FP4, E5M2, IS_INT, S_MIN,
+                             S_MAX)
+        acc, special, last = _step_freeing(acc, special, check, it + 1, first, c, x_smem,
+                                           w_smem, s1, ready, empty, STAGES, XB, FP4, E5M2,
+                                           IS_INT, S_MIN, S_MAX)
         it += 2
         for pair in range(1, steps // 2):
             s0 = _scale_bytes(xs_ptr, row0, M, stride_xs, 2 * pair, s_layout)
             s1 = _scale_bytes(xs_ptr, row0, M, stride_xs, 2 * pair + 1, s_layout)
-            acc, first = _step_freeing(acc, it, last, c, x_smem, w_smem, s0, ready, empty,
-                                       STAGES, XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
-            acc, last = _step_freeing(acc, it + 1, first, c, x_smem, w_smem, s1, ready, empty,
-                                      STAGES, XB, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+            acc, special, first = _step_freeing(acc, special, check, it, last, c, x_smem,
+                                                w_smem, s0, ready, empty, STAGES, XB, FP4,
+                                                E5M2, IS_INT, S_MIN, S_MAX)
+            acc, special, last = _step_freeing(acc, special, check, it + 1, first, c, x_smem,
+                                               w_smem, s1, ready, empty, STAGES, XB, FP4,
+                                               E5M2, IS_INT, S_MIN, S_MAX)
             it += 2
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(last))
-        flag = (row0 // 64) * flag_stride + n0 // BN
-        _store_tile(acc, out_desc, c_smem, flags_ptr, flag, row0, n0, c)
+        flags = flags_ptr + (row0 // 64) * flag_stride
+        if _has_special_codes(FP4, IS_INT):
+            if check:
+                for j in range(flag_stride):  # every tile of these rows, where a code was
+                    gl.store(flags + j + special * 0, special * 0 + 1, mask=special != 0)
+        _store_tile(acc, out_desc, c_smem, flags + n0 // BN, row0, n0, c)
     tma.store_wait(pendings=0)
 
 
@@ -372,7 +405,7 @@ def _decode_store(words, s, out_ptr, rows, step0, N, K, R: gl.constexpr, S: gl.c
     recomputes the outputs exactly)."""
     words = words.reshape([R * GROUP, 4, S])
     s = gl.convert_layout(s.reshape([R * GROUP, 4, S]), words.type.layout)
-    v = _decoded(words, s, FP4, E5M2, IS_INT, S_MIN, S_MAX)
+    v = _decoded(words, s, FP4, E5M2, IS_INT, S_MIN, S_MAX, True)
     if FP4:
         t = _fp4_by_q(v)  # [R u, t, Q, h, b]
     else:

@@ -269,9 +269,28 @@ def _multiplier(words, s, E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.co
     pieces and their scale bytes s (the same shape, -1 where the loads were off): 2**(s - 7)
     (e4m3), 2**(s - 15) (e5m2), 2**(s - 1) (e2m1, e2m3), 2**(s - 3) (e3m2) or 2**(s - 133)
     (MXINT8) in both halves; NaN where s is outside [S_MIN, S_MAX] or the piece has a NaN /
-    Inf code (fp8: the top bit of a byte of `(word & MASK) + ONES`, magnitude / exponent all
-    ones); 0 where the loads were off (a step past the end then adds zeros)."""
+    Inf code (`_special_codes`); 0 where the loads were off (a step past the end then adds
+    zeros)."""
     fast = (s >= S_MIN) & (s <= S_MAX)
+    if CPG == 1 and not IS_INT:
+        special = tl.expand_dims(_special_codes(words, E5M2), len(words.shape) - 1)
+        fast = fast & (special == 0)
+    return _multiplier_where(fast, s, E5M2, IS_INT, CPG, MBITS)
+
+
+@triton.jit
+def _scale_multiplier(s, E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.constexpr,
+                      S_MAX: tl.constexpr, CPG: tl.constexpr, MBITS: tl.constexpr):
+    """`_multiplier` without the look at the codes, for decodes whose NaN / Inf codes their
+    caller finds otherwise: NaN only where s is outside [S_MIN, S_MAX]."""
+    return _multiplier_where((s >= S_MIN) & (s <= S_MAX), s, E5M2, IS_INT, CPG, MBITS)
+
+
+@triton.jit
+def _multiplier_where(fast, s, E5M2: tl.constexpr, IS_INT: tl.constexpr, CPG: tl.constexpr,
+                      MBITS: tl.constexpr):
+    """The format's multiplier for scale bytes s where fast, NaN where not, 0 where s < 0:
+    bf16x2 bits of 2**(s - 127) over the factor that the decode leaves on a code's value."""
     if CPG == 4 and MBITS == 2:  # e3m2
         m = tl.where(fast, (s + 124) * 0x00800080, 0x7FC07FC0)
     elif CPG != 1:  # e2m1, e2m3
@@ -279,12 +298,19 @@ def _multiplier(words, s, E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.co
     elif IS_INT:
         m = tl.where(fast, (s - 6) * 0x00800080, 0x7FC07FC0)
     else:
-        MASK: tl.constexpr = 0x7C7C7C7C if E5M2 else 0x7F7F7F7F
-        ONES: tl.constexpr = 0x04040404 if E5M2 else 0x01010101
-        special = tl.reduce((words & MASK) + ONES, len(words.shape) - 1, _or, keep_dims=True)
-        fast = fast & ((special & -2139062144) == 0)  # 0x80808080
         m = tl.where(fast, (s + (112 if E5M2 else 120)) * 0x00800080, 0x7FC07FC0)
     return tl.where(s < 0, 0, m)
+
+
+@triton.jit
+def _special_codes(words, E5M2: tl.constexpr):
+    """The words [..., 4 (q)] of fp8 pieces reduced over their last axis: nonzero for a piece
+    with a NaN / Inf code (e4m3: magnitude all ones; e5m2: exponent all ones), found as the
+    top bit of a byte of `(word & MASK) + ONES`."""
+    MASK: tl.constexpr = 0x7C7C7C7C if E5M2 else 0x7F7F7F7F
+    ONES: tl.constexpr = 0x04040404 if E5M2 else 0x01010101
+    special = tl.reduce((words & MASK) + ONES, len(words.shape) - 1, _or)
+    return special & -2139062144  # 0x80808080
 
 
 @triton.jit

@@ -74,11 +74,10 @@ CONSUMER_REGS = 232
 AHEAD_REGS = 56
 # Where MX x MX products take this path (`preferred`): where it measured faster than the
 # dequantize + cuBLAS path on an H100 (benchmarks/bench_gpu_matmul.py --mx-gemm, docs/
-# performance.md): x and W both MXFP4 or both e4m3, at least MIN_M rows and enough tiles to
-# fill MIN_WAVE_FILL of the SMs (at 2048 x 1024 half of them idle and it lost by a third).
-# e5m2, MXINT8 and mixed pairs lost at 8192^3 when W was dequantized before the GEMM and
-# have not been measured since.
-PREFERRED_FORMATS = (dtypes.float4_e2m1, dtypes.float8_e4m3)
+# performance.md): x and W each MXFP4, e4m3 or e5m2 (any pair), at least MIN_M rows and
+# enough tiles to fill MIN_WAVE_FILL of the SMs (at 2048 x 1024 half of them idle and it lost
+# by a third). MXINT8 (its decode costs more) lost to the dequantize path at N >= 8192.
+PREFERRED_FORMATS = (dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float8_e5m2)
 MIN_M = 2048
 MIN_WAVE_FILL = 0.9
 _DEQUANTIZE_ROWS = 4  # a row a warp
@@ -130,7 +129,7 @@ def preferred(x_fmt: dtypes.DType, w_fmt: dtypes.DType, M: int, N: int,
     cuBLAS on `device` (PREFERRED_FORMATS, MIN_M, MIN_WAVE_FILL); `eligible` decides whether
     it can run."""
     tiles = -(-M // TILE_M) * -(-N // TILE_N)
-    return (x_fmt == w_fmt and x_fmt in PREFERRED_FORMATS and M >= MIN_M
+    return (x_fmt in PREFERRED_FORMATS and w_fmt in PREFERRED_FORMATS and M >= MIN_M
             and tiles >= MIN_WAVE_FILL * _sm_count(device))
 
 
