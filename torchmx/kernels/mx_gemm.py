@@ -25,12 +25,14 @@ not. Here x stays in its codes:
   SMs' issue slots). Deadlock-free with any number of CTAs running: a CTA waits only for
   blocks whose pairs running CTAs have taken or will take.
 - Exactness: a decode that cannot give a value exactly in bf16 (a scale byte outside
-  FAST_SCALES, NaN / Inf codes) gives NaN instead (mma_linear's poisoned multiplier), in x's
-  decode and in the weight's alike; every 64 x 256 tile whose sums come out NaN or Inf, from
-  that or from the data (NaN / Inf values, overflow), is flagged, and `fixup_kernel`
-  (_tl_mx_gemm.py, Triton) recomputes the flagged tiles from both MX operands with exact fp32
-  decodes, fp32 products and fp32 sums. Ordinary operands never take that path; its one
-  launch costs a few microseconds when nothing is flagged.
+  FAST_SCALES, W's NaN / Inf codes) gives NaN instead (mma_linear's poisoned multiplier);
+  every 64 x 256 tile whose sums come out NaN or Inf, from that or from the data (NaN / Inf
+  values, overflow), is flagged, and `fixup_kernel` (_tl_mx_gemm.py, Triton) recomputes the
+  flagged tiles from both MX operands with exact fp32 decodes, fp32 products and fp32 sums.
+  x's NaN / Inf codes are looked for only by the tiles of the first TILE_N columns, which flag
+  every tile of the 64 rows where they find one (such a row is not finite anywhere); the
+  other tiles, which decode the same codes again, skip the check. Ordinary operands never
+  take the fix-up; its one launch costs a few microseconds when nothing is flagged.
 
 Numerics are those of kernels/matmul.py (exact products of the dequantized operands,
 fp32 sums, one rounding) for every input, including the bf16 subnormal values that the
