@@ -78,7 +78,8 @@ AHEAD_REGS = 56
 # dequantize + cuBLAS path on an H100 (benchmarks/bench_gpu_matmul.py --mx-gemm, docs/
 # performance.md): x and W each MXFP4, e4m3 or e5m2 (any pair), at least MIN_M rows and
 # enough tiles to fill MIN_WAVE_FILL of the SMs (at 2048 x 1024 half of them idle and it lost
-# by a third). MXINT8 (its decode costs more) lost to the dequantize path at N >= 8192.
+# by a third). With both operands MXINT8 it lost to the dequantize path at N >= 8192 (mixed
+# pairs with MXINT8 were not measured).
 PREFERRED_FORMATS = (dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float8_e5m2)
 MIN_M = 2048
 MIN_WAVE_FILL = 0.9
