@@ -146,6 +146,16 @@ def test_eligible_checks_formats_blocks_shapes_and_layout(monkeypatch):
     assert not _eligible(K=256, x_parts=(wide._data[:, 8:264], wide._scale_e8m0[:, :8]))
 
 
+def test_mx_gemm_names_its_bad_arguments():
+    x = MXTensor.to_mx(torch.randn(256, 256, device=DEVICE), E4M3, 32)
+    with pytest.raises(ValueError, match="blocks_before must be >= 0, got -1"):
+        mx_gemm.mx_gemm(*_parts(x), E4M3, *_parts(x), E4M3, blocks_before=-1)
+    with pytest.raises(ValueError, match="ctas must be >= 1, got 0"):
+        mx_gemm.mx_gemm(*_parts(x), E4M3, *_parts(x), E4M3, ctas=0)
+    with pytest.raises(ValueError, match="N of 8"):
+        mx_gemm.mx_gemm(*_parts(x), E4M3, x._data[:100], x._scale_e8m0[:100], E4M3)
+
+
 @pytest.mark.skipif(ON_GPU, reason="this machine has an sm_90 GPU with Gluon")
 def test_nothing_is_eligible_without_an_sm90_gpu():
     assert not _eligible()

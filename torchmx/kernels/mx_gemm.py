@@ -261,21 +261,25 @@ def mx_gemm(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DType,
     dequantizes the other blocks ahead of the tiles that need them), the fix-up of flagged
     tiles. `ctas` (default: one an SM) and `blocks_before` are there for tests and
     measurements; the bits do not depend on them."""
-    from ._gl_mx_gemm import mx_gemm_kernel
+    if blocks_before is not None and blocks_before < 0:
+        raise ValueError(f"mx_gemm: blocks_before must be >= 0, got {blocks_before}")
+    if ctas is not None and ctas < 1:
+        raise ValueError(f"mx_gemm: ctas must be >= 1, got {ctas}")
     if not eligible(x_data, x_scale, x_fmt, BLOCK, w_data, w_scale, w_fmt, BLOCK,
                     torch.bfloat16):
         raise ValueError(f"mx_gemm: needs {', '.join(f.name for f in FORMATS)} operands with "
-                         f"blocks of 32, K a multiple of 128, N of 8 "
-                         f"and codes with rows of unit stride, 16-byte aligned, on an sm_90 GPU "
-                         f"with Gluon; got x {x_fmt.name} {tuple(x_data.shape)}, W {w_fmt.name} "
-                         f"{tuple(w_data.shape)} on {x_data.device}")
-    from ._gl_mx_gemm import permuted_dequantize_kernel
+                         f"blocks of 32, K a multiple of 128, N of 8, parts with rows of unit "
+                         f"stride (codes' rows 16-byte aligned, scale bytes' rows 4-byte "
+                         f"aligned), on an sm_90 GPU with Gluon; got x {x_fmt.name} "
+                         f"{tuple(x_data.shape)}, W {w_fmt.name} {tuple(w_data.shape)} on "
+                         f"{x_data.device}")
+    from ._gl_mx_gemm import mx_gemm_kernel, permuted_dequantize_kernel
     M, N, K = x_scale.shape[0], w_scale.shape[0], x_scale.shape[1] * BLOCK
     device = x_data.device
     sms = ctas or _sm_count(device)
     tiles_n = -(-N // TILE_N)
-    before = first_wave_blocks(M, N, sms) if blocks_before is None else blocks_before
-    before = max(0, min(before, tiles_n))
+    before = min(first_wave_blocks(M, N, sms) if blocks_before is None else blocks_before,
+                 tiles_n)
     out = torch.empty((M, N), dtype=torch.bfloat16, device=device)
     # one cleared allocation for the fix-up's flags and the GEMM's block counters + queue
     state = torch.zeros(_flag_count(M, N) + tiles_n + 1, dtype=torch.int32, device=device)
