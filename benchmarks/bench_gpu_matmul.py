@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -293,10 +294,16 @@ def ratio(a, b):
 
 
 @triton.jit
-def _read_kernel(codes_ptr, scales_ptr, out_ptr, code_bytes, scale_bytes, CHUNK: tl.constexpr):
+def _read_kernel(codes_ptr, scales_ptr, out_ptr, code_bytes, scale_bytes, CHUNK: tl.constexpr,
+                 PDL: tl.constexpr = False):
     """Reads one chunk of CHUNK bytes of a weight's codes or, for the programs past the codes,
     of its scales, as 16-byte vectors; writes their integer sum (so nothing is optimized
-    away): the memory traffic of the matmul, no math."""
+    away): the memory traffic of the matmul, no math. PDL (launched with programmatic
+    dependent launch): lets the next kernel launch at once, reads before waiting for the
+    previous one, waits before its store; the floor of back-to-back calls that overlap
+    (a real kernel could not read its input before the wait)."""
+    if PDL:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     code_chunks = tl.cdiv(code_bytes, CHUNK)
     if pid < code_chunks:
@@ -308,13 +315,17 @@ def _read_kernel(codes_ptr, scales_ptr, out_ptr, code_bytes, scale_bytes, CHUNK:
     offs = tl.arange(0, CHUNK // 4)
     words = tl.load(base + chunk * (CHUNK // 4) + offs, mask=chunk * CHUNK + offs * 4 < size,
                     other=0)
-    tl.store(out_ptr + pid, tl.sum(words, axis=0))
+    total = tl.sum(words, axis=0)
+    if PDL:
+        gdc_wait()
+    tl.store(out_ptr + pid, total)
 
 
-def read_floor_us(ws):
+def read_floor_us(ws, pdl=False):
     """Best time of a read-only Triton kernel over the weights' bytes (codes and scales, in
     chunks of 4-16 KiB, one per program), over a few chunk sizes and warps: what streaming
-    these bytes costs here, before any decoding."""
+    these bytes costs here, before any decoding. pdl: each launched with programmatic
+    dependent launch (_read_kernel's PDL)."""
     data, scale = ws[0]._data, ws[0]._scale_e8m0
     if not (data.is_contiguous() and scale.is_contiguous()):
         return float("inf")
@@ -324,7 +335,7 @@ def read_floor_us(ws):
         out = torch.empty(programs, dtype=torch.int32, device="cuda")
         calls = [lambda w=w: _read_kernel[(programs,)](
             w._data, w._scale_e8m0, out, w._data.numel(), w._scale_e8m0.numel(), CHUNK=chunk,
-            num_warps=warps) for w in ws]
+            PDL=pdl, num_warps=warps, launch_pdl=pdl) for w in ws]
         best = min(best, graph_time_us(calls, repeats=10))
     return best
 

@@ -11,11 +11,14 @@ against the exact product, bit for bit on operands whose sums are exact. Then, a
 
 - the ring configurations (slots, sub-steps a slot) at 1, 16 and 64 rows: what
   stream_linear._PREFERRED is chosen from;
-- per format and rows: the read-only floor of the weight's bytes, the stream kernel at its
-  default config, the fragment (MXFP4) or piece (MXFP8, MXFP6, MXINT8) kernel (the prepacked
+- per format and rows: the read-only floor of the weight's bytes (launched as usual and
+  with PDL, reading before its wait: a floor no real kernel can reach), the stream kernel at
+  its default config (PDL), the fragment (MXFP4) or piece (MXFP8, MXFP6, MXINT8) kernel (the prepacked
   copies where Triton has no Gluon; at one row the usual path, byte_gemv's one-row kernels,
   which the op keeps for one row), and cuBLAS bf16 on the unquantized weight; ratios are
   their time / the stream kernel's;
+- programmatic dependent launch (StreamConfig.pdl, .prefetch) against the usual launch, at
+  1, 16 and 64 rows, back to back over the 8 copies and one call a graph (nothing to overlap);
 - the wave policy (stream_linear.fills_waves): the stream kernel (K split where the tiles are
   few: stream_linear.split_k) against the kernel it would replace on Llama-3-8B's projections,
   with the CTAs' fill of their waves and the policy's choice; for the split shapes also the
@@ -23,6 +26,7 @@ against the exact product, bit for bit on operands whose sums are exact. Then, a
 """
 
 import argparse
+import dataclasses
 import datetime
 import os
 import statistics
@@ -117,14 +121,14 @@ def sweep(N, K, formats):
 def table(N, K, formats):
     print(f"\nfew-row MX-weight linear, N = K = {N}: microseconds per call; ratios = their "
           f"time / the stream kernel's")
-    print(f"{'format':12s} {'M':>3s} {'floor':>6s} {'stream':>7s} {'previous':>17s} "
-          f"{'cuBLAS bf16':>16s}")
+    print(f"{'format':12s} {'M':>3s} {'floor':>6s} {'PDL':>5s} {'stream':>7s} "
+          f"{'previous':>17s} {'cuBLAS bf16':>16s}")
     dense = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(ROTATE)]
     for fmt in formats:
         ws = make_weights(fmt, N, K, ROTATE)
         ps = [parts(w) for w in ws]
         old = [prepacked_parts(w) for w in ws]
-        floor = read_floor_us(ws)
+        floors = read_floor_us(ws), read_floor_us(ws, pdl=True)
         for M in ROWS if fmt in ALL_ROWS else [16]:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             ours = graph_time_us([lambda w=w, p=p: kernel_call(x, w, p) for w, p in zip(ws, ps)])
@@ -136,7 +140,8 @@ def table(N, K, formats):
                 name = "usual"
                 previous = graph_time_us([lambda w=w: F.linear(x, w) for w in ws])
             cublas = graph_time_us([lambda w=w: F.linear(x, w) for w in dense])
-            print(f"{fmt.name:12s} {M:3d} {floor:6.1f} {ours:7.1f} {name:>8s} {previous:5.1f} "
+            print(f"{fmt.name:12s} {M:3d} {floors[0]:6.1f} {floors[1]:5.1f} {ours:7.1f} "
+                  f"{name:>8s} {previous:5.1f} "
                   f"({previous / ours:.3f}x) {cublas:6.1f} ({cublas / ours:.2f}x)")
         del ws, ps, old
 
@@ -182,7 +187,46 @@ def wave_policy(formats):
             del ws, ps, old
 
 
-PARTS = ("check", "sweep", "table", "wave")
+PREFETCHES = (0, 2, 4, 8)  # stream_linear._PREFETCH: 4
+
+
+def overlap(N, K, formats):
+    """The kernel launched with programmatic dependent launch (PDL: each call lets the next
+    start on the SMs its CTAs leave and waits for the previous one before reading x; first
+    asking L2 for its first p sub-steps of W) against the usual launch."""
+    print(f"\nprogrammatic dependent launch, N = K = {N} (interleaved rounds, median "
+          f"microseconds a call; floors: the read-only kernel without / with PDL); "
+          f"ratio = usual / PDL; 'L2 p': p sub-steps prefetched (default "
+          f"{stream_linear.StreamConfig(2, 1).prefetch}); 'alone': one call a graph, nothing "
+          f"before or after it to overlap")
+    print(f"{'format':12s} {'M':>3s} {'floor':>6s} {'PDL':>5s} {'usual':>6s}  "
+          + "  ".join(f"{f'L2 {p}':>14s}" for p in PREFETCHES)
+          + f"  {'usual alone':>11s} {'default alone':>13s}")
+    for fmt in formats:
+        ws = make_weights(fmt, N, K, ROTATE)
+        ps = [parts(w) for w in ws]
+        floors = read_floor_us(ws), read_floor_us(ws, pdl=True)
+        for M in SWEEP_ROWS if fmt in ALL_ROWS else [16]:
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            default = stream_linear.default_config(fmt, M, K, stream_linear.split_k(N, K,
+                                                                                     x.device))
+            configs = {"usual": dataclasses.replace(default, pdl=False)}
+            configs.update({f"L2 {p}": dataclasses.replace(default, prefetch=p)
+                            for p in PREFETCHES})
+            variants = {name: [lambda w=w, p=p, cfg=cfg: kernel_call(x, w, p, None, cfg)
+                               for w, p in zip(ws, ps)] for name, cfg in configs.items()}
+            variants["usual alone"] = [lambda: kernel_call(x, ws[0], ps[0], None,
+                                                           configs["usual"])]
+            variants["default alone"] = [lambda: kernel_call(x, ws[0], ps[0], None, default)]
+            t = {k: statistics.median(v) for k, v in interleaved_us(variants, rounds=11).items()}
+            cells = "  ".join(f"{t[name]:6.1f} ({t['usual'] / t[name]:.3f})"
+                              for name in list(configs)[1:])
+            print(f"{fmt.name:12s} {M:3d} {floors[0]:6.1f} {floors[1]:5.1f} {t['usual']:6.1f}  "
+                  f"{cells}  {t['usual alone']:11.1f} {t['default alone']:13.1f}")
+        del ws, ps
+
+
+PARTS = ("check", "sweep", "table", "pdl", "wave")
 
 
 def main():
@@ -206,6 +250,8 @@ def main():
         sweep(N, K, formats)
     if "table" in todo:
         table(N, K, formats)
+    if "pdl" in todo:
+        overlap(N, K, formats)
     if "wave" in todo:
         wave_policy(formats)
 

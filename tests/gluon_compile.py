@@ -7,6 +7,7 @@ process without TRITON_INTERPRET (the tests run under it on the CPU). A case is 
 first item names the kernel:
 
     ("stream", format, M, N, K, bias, out dtype)   stream_linear_kernel
+    ("stream-pdl", format, M, N, K, pdl)            its PTX's launch-control lines (PDL)
     ("mx_gemm", x format, w format, M, N, K)        mx_gemm_kernel
     ("dequantize", w format, N, K)                  permuted_dequantize_kernel
 """
@@ -39,10 +40,26 @@ def _signature_type(value) -> str:
 
 def _compile(kernel, arguments, constants) -> Tuple[str, bytes]:
     """(ptxas -v output, cubin) of a Gluon kernel for these launch arguments, for sm_90."""
+    compiled = _compiled(kernel, arguments, constants)
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        ptx = os.path.join(d, "kernel.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o",
+                                 os.path.join(d, "kernel.cubin")],
+                                capture_output=True, text=True, check=True)
+    return report.stdout + report.stderr, compiled.asm["cubin"]
+
+
+def _compiled(kernel, arguments, constants):
+    """Triton's compiled kernel (asm["ptx"], asm["cubin"], ...) of a Gluon kernel for these
+    launch arguments, for sm_90."""
     from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     constants = dict(constants)
-    num_warps = constants.pop("num_warps")
+    options = {name: constants.pop(name) for name in ("num_warps", "launch_pdl")
+               if name in constants}
     names = kernel.arg_names
     signature = dict(zip(names, map(_signature_type, arguments)))
     constexprs = dict(constants)
@@ -56,24 +73,13 @@ def _compile(kernel, arguments, constants) -> Tuple[str, bytes]:
              enumerate(map(_specialization, arguments)) if isinstance(key, str) and key}
     source = GluonASTSource(fn=kernel, signature=signature, attrs=attrs,
                             constexprs={(names.index(n),): v for n, v in constexprs.items()})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=num_warps))
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as d:
-        ptx = os.path.join(d, "kernel.ptx")
-        with open(ptx, "w") as f:
-            f.write(compiled.asm["ptx"])
-        report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o",
-                                 os.path.join(d, "kernel.cubin")],
-                                capture_output=True, text=True, check=True)
-    return report.stdout + report.stderr, compiled.asm["cubin"]
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_sm90(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool = True,
-                 out_dtype: torch.dtype = torch.bfloat16, config=None) -> Tuple[str, bytes]:
-    """(ptxas -v output, cubin) of stream_linear_kernel as stream_linear would launch it for
+def _stream_launch(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool,
+                   out_dtype: torch.dtype, config):
+    """(arguments, constants) of stream_linear_kernel as stream_linear would launch it for
     x [M, K] and a weight [N, K], built from CPU tensors of those shapes."""
-    from torchmx.kernels._gl_stream import stream_linear_kernel
     x = torch.zeros(M, K, dtype=torch.bfloat16)
     codes = torch.zeros(N * K // stream_layout.STEP_CODES * stream_layout.step_bytes(fmt),
                         dtype=torch.uint8)
@@ -83,7 +89,28 @@ def compile_sm90(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool = True,
     out = torch.zeros(M, N, dtype=out_dtype)
     _, arguments, constants = stream_linear.kernel_arguments(
         x, codes, scales, w_scale, w_data, fmt, out[0] if bias else None, out, config)
-    return _compile(stream_linear_kernel, arguments, constants)
+    return arguments, constants
+
+
+def compile_sm90(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool = True,
+                 out_dtype: torch.dtype = torch.bfloat16, config=None) -> Tuple[str, bytes]:
+    """(ptxas -v output, cubin) of stream_linear_kernel as stream_linear would launch it for
+    x [M, K] and a weight [N, K] (config None: its default)."""
+    from torchmx.kernels._gl_stream import stream_linear_kernel
+    return _compile(stream_linear_kernel,
+                    *_stream_launch(fmt, M, N, K, bias, out_dtype, config))
+
+
+def stream_launch_control(fmt: dtypes.DType, M: int, N: int, K: int, pdl: bool) -> List[str]:
+    """The PTX lines of stream_linear_kernel (default config, with or without PDL) that control
+    its launch or prefetch into L2 (griddepcontrol, cp.async.bulk.prefetch), in order."""
+    import dataclasses
+    from torchmx.kernels._gl_stream import stream_linear_kernel
+    config = dataclasses.replace(stream_linear.default_config(fmt, M, K), pdl=pdl)
+    ptx = _compiled(stream_linear_kernel, *_stream_launch(fmt, M, N, K, False, torch.bfloat16,
+                                                          config)).asm["ptx"]
+    return [line.strip() for line in ptx.splitlines()
+            if "griddepcontrol" in line or "cp.async.bulk.prefetch" in line]
 
 
 def _mx_parts(fmt: dtypes.DType, rows: int, K: int):
@@ -116,9 +143,11 @@ def compile_dequantize_sm90(w_fmt: dtypes.DType, N: int, K: int) -> Tuple[str, b
     return _compile(permuted_dequantize_kernel, arguments, constants)
 
 
-def _report(case) -> str:
+def _report(case):
     kind, name, *shape = case
     fmt = dtypes.from_name(name)
+    if kind == "stream-pdl":
+        return stream_launch_control(fmt, *shape)
     if kind == "stream":
         M, N, K, bias, out = shape
         return compile_sm90(fmt, M, N, K, bias, getattr(torch, out))[0]
@@ -129,9 +158,9 @@ def _report(case) -> str:
     raise ValueError(f"unknown kernel {kind!r}")
 
 
-def compile_reports(cases: List[tuple]) -> List[str]:
-    """ptxas -v output for each case (the module docstring's tuples), compiled in one child
-    process with Triton's interpreter off."""
+def compile_reports(cases: List[tuple]) -> list:
+    """What each case (the module docstring's tuples) asks for (ptxas -v output, or PTX
+    lines), compiled in one child process with Triton's interpreter off."""
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in (os.path.dirname(here), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=path)

@@ -8,6 +8,8 @@ operands whose every fp32 sum is exact, or outputs that are one product alone, s
 accumulation order must give the reference's bits.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -197,7 +199,7 @@ def test_pack_and_unpack_refuse_what_does_not_fit():
     ("float6_e2m3", 1, 384, (6, 1))])
 def test_default_config(fmt, M, K, expected):
     cfg = stream_linear.default_config(dtypes.from_name(fmt), M, K)
-    assert (cfg.stages, cfg.sub, cfg.split) == expected + (1,)
+    assert (cfg.stages, cfg.sub, cfg.split, cfg.pdl, cfg.prefetch) == expected + (1, True, 4)
     assert stream_linear.default_config(dtypes.from_name(fmt), M, K, 3).split == 3
 
 
@@ -209,6 +211,9 @@ def test_config_errors():
     for split in (0, stream_linear.MAX_SPLIT + 1):
         with pytest.raises(ValueError, match=f"split 1..{stream_linear.MAX_SPLIT}"):
             stream_linear.StreamConfig(4, 1, split)
+    for prefetch in (-1, 65):
+        with pytest.raises(ValueError, match="prefetch 0..64"):
+            stream_linear.StreamConfig(4, 1, prefetch=prefetch)
     with pytest.raises(ValueError, match="1..64 rows"):
         stream_linear.default_config(dtypes.float8_e4m3, 65, 1024)
     with pytest.raises(ValueError, match="got e3m3"):
@@ -327,6 +332,40 @@ def test_compiles_for_sm90_with_async_wgmmas_and_no_spills(case, ptxas_reports):
     assert "stream_linear_kernel" in report, report
     assert "warning" not in report.lower(), report
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+
+
+@needs_gluon
+def test_launch_options_follow_the_config():
+    """PDL is a launch option (Triton's launch_pdl) and a constexpr; no prefetch without it."""
+    fmt, N, K = dtypes.float8_e4m3, 64, 1024
+    x, out = torch.zeros(16, K, dtype=torch.bfloat16), torch.zeros(16, N, dtype=torch.bfloat16)
+    parts = (x, torch.zeros(N * K, dtype=torch.uint8), torch.zeros(N * K // 32, dtype=torch.uint8),
+             torch.zeros(N, K // 32, dtype=torch.uint8), torch.zeros(N, K, dtype=torch.uint8),
+             fmt, None, out)
+    for cfg, expected in [(stream_linear.StreamConfig(6, 1), (True, True, 4)),
+                          (stream_linear.StreamConfig(6, 1, prefetch=0), (True, True, 0)),
+                          (stream_linear.StreamConfig(6, 1, pdl=False), (False, False, 0))]:
+        constants = stream_linear.kernel_arguments(*parts, cfg)[2]
+        assert (constants["launch_pdl"], constants["PDL"], constants["PREFETCH"]) == expected
+
+
+@needs_gluon
+@pytest.mark.parametrize("fmt,planes", [("float8_e4m3", 1), ("float4_e2m1", 1),
+                                        ("float6_e3m2", 2)])
+def test_pdl_lets_the_next_call_start_and_prefetches_only_before_its_wait(fmt, planes):
+    """The compiled kernel's launch control (PTX, sm_90): with PDL one launch_dependents, the
+    loader's L2 prefetches of each plane of W and of the scales right before its wait, and the
+    epilogue's wait; without PDL none of them."""
+    from gluon_compile import compile_reports
+    with_pdl, without = compile_reports([("stream-pdl", fmt, 16, 512, 1024, pdl)
+                                         for pdl in (True, False)])
+    ops = [line.split(";")[0].split(" ")[0] for line in with_pdl]
+    assert ops.count("griddepcontrol.launch_dependents") == 1
+    assert ops.count("griddepcontrol.wait") == 2
+    first = ops.index("cp.async.bulk.prefetch.L2.global")
+    assert ops[first:first + planes + 2] == (["cp.async.bulk.prefetch.L2.global"] * (planes + 1)
+                                             + ["griddepcontrol.wait"])
+    assert without == []
 
 
 # --- the op: its usual path wherever the kernel does not run ---------------------------------
@@ -519,6 +558,48 @@ def test_poisoned_words_recompute_their_tile_exactly(fmt, poison, split):
     out = _stream(x, w, None, torch.float32, stream_linear.StreamConfig(4, 1, split))
     expected = x.float() @ w.dequantize(torch.float32).t()
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1", "float6_e2m3"])
+@pytest.mark.parametrize("prefetch", [0, 8])
+def test_back_to_back_calls_wait_for_their_input(fmt, prefetch):
+    """A decode step's pattern: the second call reads the first's output as x. Launched with
+    programmatic dependent launch, the second starts while the first still runs (on the SMs
+    the first's 128 CTAs leave free) and may read x only after its wait: its bits are those
+    of the same call made after a synchronize, for new inputs call after call, eagerly and
+    replayed in a CUDA graph."""
+    fmt = dtypes.from_name(fmt)
+    torch.manual_seed(0)
+    first = MXTensor.to_mx(torch.randn(1024, 16384, device=DEVICE), fmt, 32)
+    second = MXTensor.to_mx(torch.randn(256, 1024, device=DEVICE), fmt, 32)
+    parts = {id(w): _stream_parts(w) for w in (first, second)}
+
+    def call(x, w, pdl=True):
+        codes, scales, counters = parts[id(w)]
+        cfg = stream_linear.default_config(w.elem_dtype, x.shape[0], w.shape[1],
+                                           stream_linear.split_k(*w.shape, x.device))
+        cfg = dataclasses.replace(cfg, pdl=pdl, prefetch=prefetch if pdl else 0)
+        return stream_linear.stream_linear(x, codes, scales, w._scale_e8m0, w._data,
+                                           w.elem_dtype, None, torch.bfloat16, cfg, counters)
+
+    def check(out, hidden):
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, call(hidden.clone(), second, pdl=False), rtol=0,
+                                   atol=0)
+
+    for _ in range(4):
+        hidden = call(torch.randn(16, 16384, dtype=torch.bfloat16, device=DEVICE), first)
+        check(call(hidden, second), hidden)
+    x = torch.zeros(16, 16384, dtype=torch.bfloat16, device=DEVICE)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        hidden = call(x, first)
+        out = call(hidden, second)
+    for _ in range(4):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        check(out, hidden)
 
 
 @gpu_only

@@ -81,11 +81,52 @@ def mma_layout(MP):
 
 
 @gluon.jit
-def _loader(w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, ready, empty, step0,
-            k0, slots, STAGES: gl.constexpr, SUB: gl.constexpr, FP6: gl.constexpr):
+def _launch_dependents():
+    """Lets the next kernel on the stream, where it was launched with programmatic dependent
+    launch, start on the SMs as this grid's CTAs leave them (once every CTA of this grid has
+    run this instruction; once a CTA is enough)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _wait_for_previous():
+    """Waits (this thread) until the kernels this one was launched after, with programmatic
+    dependent launch, have finished and their memory is visible; at once without it."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _prefetch_l2(address, size):
+    """Asks L2 for `size` bytes (a multiple of 16) from `address`, one instruction a warp. An
+    L2 prefetch cannot leave anything stale (L2 is where the GPU's memory is coherent), so it
+    may run before _wait_for_previous."""
+    gl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;",
+                              "=r,l,r", [address, size], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _loader(w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, ready, empty,
+            plane_a, plane_b, stream_scales, step0, k0, slots, STAGES: gl.constexpr,
+            SUB: gl.constexpr, FP6: gl.constexpr, PDL: gl.constexpr, PREFETCH: gl.constexpr):
     """One warp: slot i % STAGES gets the sub-steps step0 + i * SUB .. of the stream (x's
     columns k0 + i * SUB * KB .., fp6: both planes of W) once its consumer freed it (empty),
-    and signals `ready` when the bytes have landed."""
+    and signals `ready` when the bytes have landed. With PDL it first asks L2 for the part's
+    first PREFETCH sub-steps of W and scales, then waits for the previous kernel: x may be
+    its output, and W may be too (prepack)."""
+    if PDL:
+        if PREFETCH > 0:
+            ahead = gl.minimum(slots * SUB, PREFETCH)
+            first = step0.to(gl.int64)
+            A_BYTES: gl.constexpr = 64 * w_desc.block_type.shape[1]  # a sub-step's, plane A
+            _prefetch_l2(plane_a + first * A_BYTES, ahead * A_BYTES)
+            if FP6:
+                B_BYTES: gl.constexpr = 64 * wb_desc.block_type.shape[1]
+                _prefetch_l2(plane_b + first * B_BYTES, ahead * B_BYTES)
+            S_BYTES: gl.constexpr = 64 * KB // BLOCK
+            _prefetch_l2(stream_scales + first * S_BYTES, ahead * S_BYTES)
+        _wait_for_previous()
     for i in range(slots):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
@@ -362,18 +403,24 @@ def _exact_tile(x_ptr, w_ptr, s_ptr, n0, M, K, stride_xm, stride_wn, stride_sn,
 
 
 @gluon.jit
-def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr,
-                         partials_ptr, counters_ptr, M, K, stride_xm, stride_wn, stride_sn,
-                         stride_om, MP: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr,
-                         SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, E5M2: gl.constexpr,
+def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, plane_a, plane_b, stream_scales, x_ptr,
+                         w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr, counters_ptr, M, K,
+                         stride_xm, stride_wn, stride_sn, stride_om, MP: gl.constexpr,
+                         STAGES: gl.constexpr, SUB: gl.constexpr, SPLIT: gl.constexpr,
+                         PDL: gl.constexpr, PREFETCH: gl.constexpr,
+                         HAS_BIAS: gl.constexpr, E5M2: gl.constexpr,
                          S_MIN: gl.constexpr, S_MAX: gl.constexpr, IS_INT: gl.constexpr,
                          BITS: gl.constexpr, MBITS: gl.constexpr, HAS_INF: gl.constexpr,
                          HAS_NAN: gl.constexpr, LSB: gl.constexpr, TO_VALUE: gl.constexpr,
                          CPG: gl.constexpr):
     """out[:M, 64 tile ..] = x @ W[64 tile ..].T (+ bias), rounded once to out's dtype: CTA
     `SPLIT tile + part` takes part `part` of the tile's K (its share of the tile's ring slots)
-    with a TMA loader warp and two consumer warpgroups (stream_linear.py)."""
+    with a TMA loader warp and two consumer warpgroups (stream_linear.py). PDL: launched with
+    programmatic dependent launch, it lets the next kernel start as its CTAs finish, and its
+    loader waits for the previous kernel (after asking L2 for PREFETCH sub-steps of W)."""
     FP6: gl.constexpr = CPG == 4
+    if PDL:
+        _launch_dependents()
     tile = gl.program_id(0) // SPLIT
     part = gl.program_id(0) % SPLIT
     steps = K // KB
@@ -405,8 +452,11 @@ def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, x_ptr, w_ptr, s_ptr, b
         (_consume_second, (w_smem, wb_smem, x_smem, s_smem, ready, empty, partial, done, slots,
                            MP, STAGES, SUB, CPG, E5M2, IS_INT, MBITS, S_MIN, S_MAX)),
         (_loader, (w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, ready,
-                   empty, tile * steps + first * SUB, first * SUB * KB, slots, STAGES, SUB, FP6)),
+                   empty, plane_a, plane_b, stream_scales, tile * steps + first * SUB,
+                   first * SUB * KB, slots, STAGES, SUB, FP6, PDL, PREFETCH)),
     ], [4, 1], [152, 40])[0]
+    if PDL:  # (passed already by the loader) before these threads' stores and loads
+        _wait_for_previous()
     mbarrier.wait(done, 0)
     acc = acc + partial.load(mma_layout(MP))
     n = tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_layout(MP)))

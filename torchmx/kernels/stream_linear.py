@@ -26,6 +26,16 @@ Triton's language cannot express its warp roles:
   came last) and resets the counter to zero for the next call;
 - the bias is added in fp32 and the sum rounded once to the output dtype.
 
+Each call is launched with programmatic dependent launch (PDL, sm_90): back-to-back calls, as
+in a decode step, overlap. A call lets the next kernel on the stream start on the SMs its
+CTAs leave (`griddepcontrol.launch_dependents`, at its start); a call started that way asks
+L2 for its first few sub-steps of W and scales, then waits for the kernel before it
+(`griddepcontrol.wait`) before its first TMA load and before any store: x is the previous
+kernel's output, its output buffer may have been that kernel's scratch, and even W may have
+just been written (prepack, a weight update). An L2 prefetch cannot read anything stale, as
+L2 is where the GPU's memory is coherent. After a kernel launched without PDL nothing
+overlaps (the wait returns at once); the gain is in the ramp and tail of back-to-back calls.
+
 The counters (int32, one a tile, zero between calls: prepack's copy keeps its own) make
 concurrent calls on one weight on two streams race when K is split, as for the fragment and
 piece kernels.
@@ -67,6 +77,11 @@ __all__ = ["MAX_SPLIT", "StreamConfig", "available", "check_parts", "default_con
 # docs/performance.md); fewer slots where they do not fit in shared memory (fp4 and fp6 at 64
 # rows).
 _PREFERRED = {1: (6, 1), 2: (6, 2), 4: (6, 2)}
+# Sub-steps of W (and scales) a CTA asks L2 for before its wait (PDL): of 0, 2, 4, 6, 8 and
+# 16, 4 was the fastest or within noise of it for e4m3, MXFP4 and MXFP6 at 1, 16 and 64 rows
+# (H100, N = K = 8192, back-to-back calls; 16 was slower than none for MXFP6:
+# docs/performance.md).
+_PREFETCH = 4
 # sm_90's shared memory a CTA (227 KiB), less room for the barriers and Gluon's scratch.
 _SHARED_BYTES = 227 * 1024 - 2048
 # At most this many CTAs share a tile's K: the most the H100 timings below cover (N = 1024).
@@ -89,16 +104,21 @@ ONE_ROW_MIN_FILL = 0.9
 class StreamConfig:
     """`stages` ring slots (even: each slot always serves the same consumer warpgroup), each
     holding `sub` sub-steps of 128 codes of the tile's 64 rows; `split` CTAs a tile, each
-    taking an even share of the tile's slots (split-K)."""
+    taking an even share of the tile's slots (split-K). `pdl`: launched with programmatic
+    dependent launch (the module docstring), each CTA asking L2 for its first `prefetch`
+    sub-steps (0..64: one L2 prefetch takes less than 1 MiB) of W and scales before it waits
+    for the previous kernel (no prefetch without pdl)."""
     stages: int
     sub: int
     split: int = 1
+    pdl: bool = True
+    prefetch: int = _PREFETCH
 
     def __post_init__(self):
         if (self.stages < 2 or self.stages % 2 or self.sub not in (1, 2)
-                or not 1 <= self.split <= MAX_SPLIT):
-            raise ValueError(f"StreamConfig: stages must be an even number >= 2, sub 1 or 2 and "
-                             f"split 1..{MAX_SPLIT}, got {self}")
+                or not 1 <= self.split <= MAX_SPLIT or not 0 <= self.prefetch <= 64):
+            raise ValueError(f"StreamConfig: stages must be an even number >= 2, sub 1 or 2, "
+                             f"split 1..{MAX_SPLIT} and prefetch 0..64, got {self}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,7 +190,8 @@ def _slot_bytes(fmt: dtypes.DType, MP: int, sub: int) -> int:
 def default_config(fmt: dtypes.DType, M: int, K: int, split: int = 1) -> StreamConfig:
     """`_PREFERRED`'s ring for the format: its sub-steps a slot where K has an even number of
     steps (at least four), else one; as many of its slots as shared memory holds beside the
-    fp32 partial [64, MP]; `split` CTAs a tile (split_k's)."""
+    fp32 partial [64, MP]; `split` CTAs a tile (split_k's); launched with PDL, asking L2
+    for `_PREFETCH` sub-steps first (StreamConfig's defaults)."""
     if fmt not in stream_layout.FORMATS or not 1 <= M <= 64:
         raise ValueError(f"stream_linear.default_config: takes "
                          f"{', '.join(f.name for f in stream_layout.FORMATS)} weights and 1..64 "
@@ -285,11 +306,12 @@ def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias,
         if counters is None:
             counters = torch.zeros(N // stream_layout.CHUNK, dtype=torch.int32, device=x.device)
     low, high = FAST_SCALES[fmt]
-    arguments = (*descriptors, x, w_data.view(torch.uint8), w_scale,
+    arguments = (*descriptors, planes[0], planes[1], scales, x, w_data.view(torch.uint8), w_scale,
                  bias if bias is not None else out, out, partials,
                  counters if counters is not None else out, M, K, x.stride(0), w_data.stride(0),
                  w_scale.stride(0), out.stride(0))
-    constants = dict(MP=MP, STAGES=cfg.stages, SUB=cfg.sub, SPLIT=cfg.split,
+    constants = dict(MP=MP, STAGES=cfg.stages, SUB=cfg.sub, SPLIT=cfg.split, PDL=cfg.pdl,
+                     PREFETCH=cfg.prefetch if cfg.pdl else 0, launch_pdl=cfg.pdl,
                      HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2, S_MIN=low,
                      S_MAX=high, num_warps=4, **_format_constants(fmt))
     return (N // stream_layout.CHUNK * cfg.split,), arguments, constants
