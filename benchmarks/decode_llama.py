@@ -11,7 +11,8 @@ median replay time is reported. The MX model is the bf16 one after
 the fused MX-weight kernel. With batch 2..64 a third model has its layers prepacked
 (`torchmx.nn.prepack_weights`: the stream-layout kernel on Hopper with Gluon, else the
 fragment-layout one; its memory includes the
-second copy of the weights).
+second copy of the weights); on Hopper it is timed again with the stream kernel launched
+without programmatic dependent launch (stream_linear.USE_PDL False).
 """
 
 import argparse
@@ -28,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torchmx  # noqa: E402
 from torchmx.config import MXConfig, QLinearConfig  # noqa: E402
+from torchmx.kernels import stream_linear  # noqa: E402
 from torchmx.quant_api import model_bytes  # noqa: E402
 from _timing import graph_time_us  # noqa: E402
 
@@ -102,15 +104,19 @@ def run(layers=8, context=1024, batch=1):
         prepacked = copy.deepcopy(mx_model)
         torchmx.nn.prepack_weights(prepacked)
         models.append(("MXFP4 prepacked", prepacked))
+        if stream_linear.usable_on(x.device):  # the stream kernel launched as usual too
+            models.append(("  without PDL", prepacked))
     results = {}
     with torch.no_grad():
         reference = model(x, *caches, cos, sin)
         for name, m in models:
+            stream_linear.USE_PDL = name != "  without PDL"  # read as the graph is captured
             compiled = torch.compile(m, dynamic=False)
             out = compiled(x, *caches, cos, sin)
             step = [lambda: compiled(x, *caches, cos, sin)]
             results[name] = (graph_time_us(step, repeats=50),
                              model_bytes(m))
+        stream_linear.USE_PDL = True
             if name != "bf16":
                 cos_sim = F.cosine_similarity(out.float().flatten(), reference.float().flatten(), 0)
                 print(f"  {name} output vs bf16: cosine {cos_sim.item():.4f}")

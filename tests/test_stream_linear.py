@@ -203,6 +203,11 @@ def test_default_config(fmt, M, K, expected):
     assert stream_linear.default_config(dtypes.from_name(fmt), M, K, 3).split == 3
 
 
+def test_default_config_follows_use_pdl(monkeypatch):
+    monkeypatch.setattr(stream_linear, "USE_PDL", False)
+    assert not stream_linear.default_config(dtypes.float8_e4m3, 16, 8192).pdl
+
+
 def test_config_errors():
     with pytest.raises(ValueError, match="stages must be an even number"):
         stream_linear.StreamConfig(3, 1)

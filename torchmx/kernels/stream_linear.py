@@ -68,9 +68,9 @@ from .matmul import _format_constants, _interpreting, _sm_count
 from .mma_linear import FAST_SCALES
 from .triton_backend import device_capability
 
-__all__ = ["MAX_SPLIT", "StreamConfig", "available", "check_parts", "default_config",
-           "eligible", "fills_waves", "kernel_arguments", "split_k", "stream_linear",
-           "usable_on", "wave_fill"]
+__all__ = ["MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
+           "default_config", "eligible", "fills_waves", "kernel_arguments", "split_k",
+           "stream_linear", "usable_on", "wave_fill"]
 
 # Ring slots and sub-steps a slot by codes a packed group (1: one-byte codes, 2: fp4, 4: fp6),
 # from H100 sweeps at N = K = 8192 and 1, 16 and 64 rows (benchmarks/bench_stream_linear.py,
@@ -82,6 +82,9 @@ _PREFERRED = {1: (6, 1), 2: (6, 2), 4: (6, 2)}
 # (H100, N = K = 8192, back-to-back calls; 16 was slower than none for MXFP6:
 # docs/performance.md).
 _PREFETCH = 4
+# Whether default_config's calls are launched with PDL (the module docstring): set False to
+# launch them as usual (for a side-by-side measurement, or a CUDA stack without PDL).
+USE_PDL = True
 # sm_90's shared memory a CTA (227 KiB), less room for the barriers and Gluon's scratch.
 _SHARED_BYTES = 227 * 1024 - 2048
 # At most this many CTAs share a tile's K: the most the H100 timings below cover (N = 1024).
@@ -190,8 +193,8 @@ def _slot_bytes(fmt: dtypes.DType, MP: int, sub: int) -> int:
 def default_config(fmt: dtypes.DType, M: int, K: int, split: int = 1) -> StreamConfig:
     """`_PREFERRED`'s ring for the format: its sub-steps a slot where K has an even number of
     steps (at least four), else one; as many of its slots as shared memory holds beside the
-    fp32 partial [64, MP]; `split` CTAs a tile (split_k's); launched with PDL, asking L2
-    for `_PREFETCH` sub-steps first (StreamConfig's defaults)."""
+    fp32 partial [64, MP]; `split` CTAs a tile (split_k's); launched with PDL (unless
+    USE_PDL is False), asking L2 for `_PREFETCH` sub-steps first."""
     if fmt not in stream_layout.FORMATS or not 1 <= M <= 64:
         raise ValueError(f"stream_linear.default_config: takes "
                          f"{', '.join(f.name for f in stream_layout.FORMATS)} weights and 1..64 "
@@ -203,7 +206,7 @@ def default_config(fmt: dtypes.DType, M: int, K: int, split: int = 1) -> StreamC
     MP = _rows_padded(M)
     while stages > 2 and stages * _slot_bytes(fmt, MP, sub) + 64 * MP * 4 > _SHARED_BYTES:
         stages -= 2
-    return StreamConfig(stages, sub, split)
+    return StreamConfig(stages, sub, split, pdl=USE_PDL)
 
 
 def eligible(x: torch.Tensor, fmt: dtypes.DType, N: int, K: int) -> bool:
