@@ -116,10 +116,10 @@ def run(layers=8, context=1024, batch=1):
             step = [lambda: compiled(x, *caches, cos, sin)]
             results[name] = (graph_time_us(step, repeats=50),
                              model_bytes(m))
-        stream_linear.USE_PDL = True
             if name != "bf16":
                 cos_sim = F.cosine_similarity(out.float().flatten(), reference.float().flatten(), 0)
                 print(f"  {name} output vs bf16: cosine {cos_sim.item():.4f}")
+        stream_linear.USE_PDL = True
     base = results["bf16"][0]
     print(f"\nDecode step, {layers} Llama-style blocks (hidden {HIDDEN}, MLP {MLP}), batch {batch}, "
           f"context {context}, torch.compile + CUDA graph ({torch.cuda.get_device_name()})")
