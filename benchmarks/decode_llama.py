@@ -18,6 +18,7 @@ without programmatic dependent launch (stream_linear.USE_PDL False).
 import argparse
 import copy
 import os
+import statistics
 import sys
 
 import torch
@@ -31,7 +32,7 @@ import torchmx  # noqa: E402
 from torchmx.config import MXConfig, QLinearConfig  # noqa: E402
 from torchmx.kernels import stream_linear  # noqa: E402
 from torchmx.quant_api import model_bytes  # noqa: E402
-from _timing import graph_time_us  # noqa: E402
+from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
 
 HIDDEN, MLP, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
 
@@ -106,20 +107,33 @@ def run(layers=8, context=1024, batch=1):
         models.append(("MXFP4 prepacked", prepacked))
         if stream_linear.usable_on(x.device):  # the stream kernel launched as usual too
             models.append(("  without PDL", prepacked))
-    results = {}
+    results, steps = {}, {}
     with torch.no_grad():
         reference = model(x, *caches, cos, sin)
         for name, m in models:
-            stream_linear.USE_PDL = name != "  without PDL"  # read as the graph is captured
             compiled = torch.compile(m, dynamic=False)
-            out = compiled(x, *caches, cos, sin)
-            step = [lambda: compiled(x, *caches, cos, sin)]
-            results[name] = (graph_time_us(step, repeats=50),
-                             model_bytes(m))
+            pdl = name != "  without PDL"
+
+            def step(compiled=compiled, pdl=pdl):
+                stream_linear.USE_PDL = pdl  # read by the stream op as the graph is captured
+                try:
+                    return compiled(x, *caches, cos, sin)
+                finally:
+                    stream_linear.USE_PDL = True
+
+            out = step()
+            steps[name] = [step]
+            results[name] = (graph_time_us(steps[name], repeats=50), model_bytes(m))
             if name != "bf16":
                 cos_sim = F.cosine_similarity(out.float().flatten(), reference.float().flatten(), 0)
                 print(f"  {name} output vs bf16: cosine {cos_sim.item():.4f}")
-        stream_linear.USE_PDL = True
+        if "  without PDL" in steps:  # the pair again, interleaved: the difference is small
+            pair = {name: steps[name] for name in ("MXFP4 prepacked", "  without PDL")}
+            times = interleaved_us(pair, rounds=15)
+            ratio, low, high = ratio_stats(times, "  without PDL", "MXFP4 prepacked")
+            print(f"  interleaved: prepacked {statistics.median(times['MXFP4 prepacked']):.1f} "
+                  f"us/step with PDL, {statistics.median(times['  without PDL']):.1f} without "
+                  f"({ratio:.3f}x [{low:.3f} - {high:.3f}] the time with PDL)")
     base = results["bf16"][0]
     print(f"\nDecode step, {layers} Llama-style blocks (hidden {HIDDEN}, MLP {MLP}), batch {batch}, "
           f"context {context}, torch.compile + CUDA graph ({torch.cuda.get_device_name()})")
