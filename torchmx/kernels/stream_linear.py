@@ -28,8 +28,8 @@ Triton's language cannot express its warp roles:
 
 Each call is launched with programmatic dependent launch (PDL, sm_90): back-to-back calls, as
 in a decode step, overlap. A call lets the next kernel on the stream start on the SMs its
-CTAs leave (`griddepcontrol.launch_dependents`, at its start); a call started that way asks
-L2 for its first few sub-steps of W and scales, then waits for the kernel before it
+CTAs leave (`griddepcontrol.launch_dependents`, at its start), and each call first asks L2
+for its first few sub-steps of W and scales, then waits for the kernel before it
 (`griddepcontrol.wait`) before its first TMA load and before any store: x is the previous
 kernel's output, its output buffer may have been that kernel's scratch, and even W may have
 just been written (prepack, a weight update). An L2 prefetch cannot read anything stale, as
@@ -77,10 +77,10 @@ __all__ = ["MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
 # docs/performance.md); fewer slots where they do not fit in shared memory (fp4 and fp6 at 64
 # rows).
 _PREFERRED = {1: (6, 1), 2: (6, 2), 4: (6, 2)}
-# Sub-steps of W (and scales) a CTA asks L2 for before its wait (PDL): of 0, 2, 4, 6, 8 and
-# 16, 4 was the fastest or within noise of it for e4m3, MXFP4 and MXFP6 at 1, 16 and 64 rows
-# (H100, N = K = 8192, back-to-back calls; 16 was slower than none for MXFP6:
-# docs/performance.md).
+# Sub-steps of W (and scales) a CTA asks L2 for before its wait (PDL): of 0, 2, 4 and 8
+# (benchmarks/bench_stream_linear.py --parts pdl) and 6 and 16 (scratch), 4 was the fastest
+# or within noise of it for e4m3, MXFP4 and MXFP6 at 1, 16 and 64 rows (H100, N = K = 8192,
+# back-to-back calls: docs/performance.md).
 _PREFETCH = 4
 # Whether default_config's calls are launched with PDL (the module docstring): set False to
 # launch them as usual (for a side-by-side measurement, or a CUDA stack without PDL).
