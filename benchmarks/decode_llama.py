@@ -35,6 +35,8 @@ from torchmx.quant_api import model_bytes  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
 
 HIDDEN, MLP, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
+# the prepacked model's rows: with the stream kernel's default launch (PDL) and without
+PREPACKED, NO_PDL = "MXFP4 prepacked", "  without PDL"
 
 
 def rms_norm(x, weight, eps=1e-5):
@@ -104,15 +106,15 @@ def run(layers=8, context=1024, batch=1):
     if 2 <= batch <= 64:
         prepacked = copy.deepcopy(mx_model)
         torchmx.nn.prepack_weights(prepacked)
-        models.append(("MXFP4 prepacked", prepacked))
+        models.append((PREPACKED, prepacked))
         if stream_linear.usable_on(x.device):  # the stream kernel launched as usual too
-            models.append(("  without PDL", prepacked))
+            models.append((NO_PDL, prepacked))
     results, steps = {}, {}
     with torch.no_grad():
         reference = model(x, *caches, cos, sin)
         for name, m in models:
             compiled = torch.compile(m, dynamic=False)
-            pdl = name != "  without PDL"
+            pdl = name != NO_PDL
 
             def step(compiled=compiled, pdl=pdl):
                 stream_linear.USE_PDL = pdl  # read by the stream op as the graph is captured
@@ -127,12 +129,12 @@ def run(layers=8, context=1024, batch=1):
             if name != "bf16":
                 cos_sim = F.cosine_similarity(out.float().flatten(), reference.float().flatten(), 0)
                 print(f"  {name} output vs bf16: cosine {cos_sim.item():.4f}")
-        if "  without PDL" in steps:  # the pair again, interleaved: the difference is small
-            pair = {name: steps[name] for name in ("MXFP4 prepacked", "  without PDL")}
+        if NO_PDL in steps:  # the pair again, interleaved: the difference is small
+            pair = {name: steps[name] for name in (PREPACKED, NO_PDL)}
             times = interleaved_us(pair, rounds=15)
-            ratio, low, high = ratio_stats(times, "  without PDL", "MXFP4 prepacked")
-            print(f"  interleaved: prepacked {statistics.median(times['MXFP4 prepacked']):.1f} "
-                  f"us/step with PDL, {statistics.median(times['  without PDL']):.1f} without "
+            ratio, low, high = ratio_stats(times, NO_PDL, PREPACKED)
+            print(f"  interleaved: prepacked {statistics.median(times[PREPACKED]):.1f} "
+                  f"us/step with PDL, {statistics.median(times[NO_PDL]):.1f} without "
                   f"({ratio:.3f}x [{low:.3f} - {high:.3f}] the time with PDL)")
     base = results["bf16"][0]
     print(f"\nDecode step, {layers} Llama-style blocks (hidden {HIDDEN}, MLP {MLP}), batch {batch}, "
