@@ -12,6 +12,7 @@ first item names the kernel:
     ("dequantize", w format, N, K)                  permuted_dequantize_kernel
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -104,7 +105,6 @@ def compile_sm90(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool = True,
 def stream_launch_control(fmt: dtypes.DType, M: int, N: int, K: int, pdl: bool) -> List[str]:
     """The PTX lines of stream_linear_kernel (default config, with or without PDL) that control
     its launch or prefetch into L2 (griddepcontrol, cp.async.bulk.prefetch), in order."""
-    import dataclasses
     from torchmx.kernels._gl_stream import stream_linear_kernel
     config = dataclasses.replace(stream_linear.default_config(fmt, M, K), pdl=pdl)
     ptx = _compiled(stream_linear_kernel, *_stream_launch(fmt, M, N, K, False, torch.bfloat16,
