@@ -58,7 +58,49 @@ def test_pack_unpack_round_trip(fmt, N, K):
     codes, scales = sl.pack(scale, data, fmt)
     assert codes.shape == (data.numel(),) and scales.shape == (scale.numel(),)
     back_scale, back_data = sl.unpack(codes, scales, fmt, N, K)
-    assert torch.equal(back_scale, scale) and torch.equal(back_data, data)
+    assert torch.equal(back_data, data)
+    # random bytes: no block is all zeros, so every block the kernel decodes keeps its scale
+    # byte and the others come back as 255
+    kept = sl.multiplier_exponents(scale, data, fmt) != sl.RECOMPUTE
+    assert 0 < kept.sum() < kept.numel() or fmt == dtypes.int8
+    assert torch.equal(back_scale, torch.where(kept, scale, 255))
+
+
+# A row of blocks of 32 codes, each (scale byte, code of its first element, code of the others),
+# and what multiplier_exponents makes of them, for each format (its exponent offset: e4m3 120,
+# e5m2 112, int8 -6, e2m1 and e2m3 126, e3m2 124).
+_BLOCKS = [(127, 1, 1), (3, 1, 0), (2, 1, 0), (134, 1, 1), (135, 1, 1), (142, 1, 1), (143, 1, 1),
+           (0, 0, 0), (2, 0, 0), (200, 0, 0), (254, 0, 0), (255, 0, 0), (255, 1, 1),
+           (127, "nan", 1), (127, "-0", 0), (0, "-0", 0), (6, "max", 0), (7, "max", 0)]
+_EXPONENTS = {
+    "float8_e4m3": [247, 123, 255, 254, 255, 255, 255, 120, 122, 254, 254, 255, 255, 255, 247,
+                    120, 126, 127],
+    "float8_e5m2": [239, 255, 255, 246, 247, 254, 255, 112, 114, 254, 254, 255, 255, 255, 239,
+                    112, 255, 255],
+    "int8": [121, 255, 255, 128, 129, 136, 137, 1, 1, 194, 248, 255, 255, 121, 121, 255, 255, 1],
+    "float4_e2m1": [253, 129, 128, 255, 255, 255, 255, 126, 128, 254, 254, 255, 255, 253, 253,
+                    126, 132, 133],
+    "float6_e2m3": [253, 129, 128, 255, 255, 255, 255, 126, 128, 254, 254, 255, 255, 253, 253,
+                    126, 132, 133],
+    "float6_e3m2": [251, 127, 126, 255, 255, 255, 255, 124, 126, 254, 254, 255, 255, 251, 251,
+                    124, 130, 131],
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_multiplier_exponents(fmt):
+    """Golden bytes: s + the format's offset inside FAST_SCALES; 255 (recompute) for a scale
+    outside it with a nonzero code, a NaN scale, a NaN / Inf code (e4m3 0x7F, e5m2 0x7C); an
+    all-zero block (+0 or -0; MXINT8's 0x80 is -128, not zero) at any scale but NaN keeps the
+    fast path, its exponent clamped to 1..254."""
+    fmt = dtypes.from_name(fmt)
+    sign = 1 << (fmt.bits - 1)
+    special = {"nan": (0x7F if fmt == dtypes.float8_e4m3 else 0x7C) if fmt in
+               (dtypes.float8_e4m3, dtypes.float8_e5m2) else 1, "-0": sign, "max": fmt.max_code}
+    codes = torch.tensor([[special.get(first, first)] + [rest] * 31 for _, first, rest in _BLOCKS])
+    data = pack_codes(codes.reshape(1, -1), fmt)
+    scale = torch.tensor([[s for s, _, _ in _BLOCKS]], dtype=torch.uint8)
+    assert sl.multiplier_exponents(scale, data, fmt).tolist() == [_EXPONENTS[fmt.name]]
 
 
 def _fp4_register(words, r):
@@ -75,8 +117,8 @@ def test_every_code_lands_where_the_kernel_reads_it(fmt):
     docstring's formula, computed here element by element: one-byte codes as byte 2 h + b,
     fp4 codes where the kernel's decode of register 2 o + h finds them (sign at bit 15, the
     magnitude at bits 8..6, + 16 for b = 1), fp6 codes as code 2 h + b of lane t's group s
-    (its bytes 0..15 in plane A, 16..23 in plane B). Scale byte (n, b) is byte b % 4 of the
-    row's step b // 4."""
+    (its bytes 0..15 in plane A, 16..23 in plane B). Block (n, b)'s multiplier exponent is byte
+    b % 4 of the row's step b // 4."""
     fmt = dtypes.from_name(fmt)
     N, K = 128, 512
     scale, data = _random_parts(fmt, N, K, seed=1)
@@ -115,7 +157,7 @@ def test_every_code_lands_where_the_kernel_reads_it(fmt):
             assert torch.equal((as_words >> (8 * (2 * h + b))) & 0xFF, logical & 0xFF)
     nb, blk = torch.meshgrid(torch.arange(N), torch.arange(K // 32), indexing="ij")
     at = ((nb // 64 * (K // 128) + blk // 4) * 64 + nb % 64) * 4 + blk % 4
-    assert torch.equal(scales[at], scale)
+    assert torch.equal(scales[at], sl.multiplier_exponents(scale, data, fmt))
 
 
 def test_unpack_takes_codes_at_any_storage_offset():
@@ -562,6 +604,27 @@ def test_poisoned_words_recompute_their_tile_exactly(fmt, poison, split):
     w = w._replace(scale, data)
     out = _stream(x, w, None, torch.float32, stream_linear.StreamConfig(4, 1, split))
     expected = x.float() @ w.dequantize(torch.float32).t()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_zero_blocks_at_any_scale_are_exact(fmt):
+    """Blocks whose codes are all +-0 at scale bytes outside FAST_SCALES (0: what quantizing
+    zeros gives; for e4m3 and MXINT8 below their range) take the fast path and add zeros; a
+    NaN scale still makes its row NaN (MX: every value of the block is NaN)."""
+    x, w = integer_operands(fmt, 16, 128, 1024)
+    scale, data = w._scale_e8m0.clone(), w._data.clone()
+    fmt_ = dtypes.from_name(fmt)
+    per_block = 32 * fmt_.bytes_per_group // fmt_.codes_per_group
+    for row, byte in enumerate([0, 1, 2, 135, 200, 254, 255]):
+        data[9 * row, per_block:2 * per_block] = 0  # block 1 of the row: zeros
+        scale[9 * row, 1] = byte
+    w = w._replace(scale, data)
+    assert (sl.multiplier_exponents(scale, data, fmt_) == sl.RECOMPUTE).sum() == 1  # NaN scale
+    out = _stream(x, w, None, torch.float32)
+    expected = x.float() @ w.dequantize(torch.float32).t()
+    assert expected[:, 54].isnan().all() and not expected[:, :54].isnan().any()
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
 
 

@@ -13,8 +13,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ._tl_numerics import decode_value, scale_value
 from .mma_linear import (_DECODE_E2M3_0, _DECODE_E2M3_1, _DECODE_E2M3_2, _DECODE_E2M3_3,
                          _DECODE_E3M2_0, _DECODE_E3M2_1, _DECODE_E3M2_2, _DECODE_E3M2_3,
-                         _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _SCALE_E2M1_PAIRS,
-                         _multiplier)
+                         _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _SCALE_E2M1_PAIRS)
 
 KB = gl.constexpr(128)  # codes of a row in one sub-step (stream_layout.STEP_CODES)
 BLOCK = gl.constexpr(32)
@@ -183,8 +182,15 @@ def _fp6_words(a_tile, b_tile, s_row):
 
 
 @gluon.jit
-def _fp6_decoded(piece, rows, half: gl.constexpr, MP: gl.constexpr, MBITS: gl.constexpr,
-                 S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+def _multiplier(exponent):
+    """A block's bf16 multiplier in both halves of a word, from its byte in the stream scales
+    (the multiplier's exponent field, stream_layout; 255 gives Inf, which makes each of the
+    block's products Inf or NaN and so its tile's sums: the tile is recomputed exactly)."""
+    return exponent * 0x00800080
+
+
+@gluon.jit
+def _fp6_decoded(piece, rows, half: gl.constexpr, MP: gl.constexpr, MBITS: gl.constexpr):
     """Half `half` of a sub-step's fp6 codes (a lane's piece: three words [64, 4], groups s = 4
     half + j) as wgmma's A operand [64, KB / 2], as _decoded."""
     p0, p1, p2 = piece
@@ -193,8 +199,8 @@ def _fp6_decoded(piece, rows, half: gl.constexpr, MP: gl.constexpr, MBITS: gl.co
     # groups 4 half + j lie in block 2 half + j // 2 of the step
     s_lo, _ = gl.broadcast((rows >> (16 * half)) & 255, p0)
     s_hi, _ = gl.broadcast((rows >> (16 * half + 8)) & 255, p0)
-    m_lo = _multiplier(p0, s_lo, False, False, S_MIN, S_MAX, 4, MBITS)
-    m_hi = _multiplier(p0, s_hi, False, False, S_MIN, S_MAX, 4, MBITS)
+    m_lo = _multiplier(s_lo)
+    m_hi = _multiplier(s_hi)
     g0 = gl.inline_asm_elementwise(fp6_decoder(0, MBITS), "=h,=h,=h,=h,r,r,r", [p0, m_lo, p0],
                                    dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
     g1 = gl.inline_asm_elementwise(fp6_decoder(1, MBITS), "=h,=h,=h,=h,r,r,r", [p0, m_lo, p1],
@@ -239,10 +245,9 @@ def _halves(words):
 
 @gluon.jit
 def _decoded(words, rows, half: gl.constexpr, MP: gl.constexpr, FP4: gl.constexpr,
-             E5M2: gl.constexpr, IS_INT: gl.constexpr, S_MIN: gl.constexpr,
-             S_MAX: gl.constexpr):
+             E5M2: gl.constexpr, IS_INT: gl.constexpr):
     """Half `half` of a sub-step's words [64, 4, S / 2] as wgmma's A operand [64, KB / 2]: bf16
-    registers value * 2**(s - 127), exact (or NaN where the multiplier is poisoned)."""
+    registers value * 2**(s - 127), exact (Inf or NaN in a block marked for recomputation)."""
     SH: gl.constexpr = words.shape[2]
     layout: gl.constexpr = words.type.layout
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(MP),
@@ -250,11 +255,7 @@ def _decoded(words, rows, half: gl.constexpr, MP: gl.constexpr, FP4: gl.constexp
     s_index = gl.arange(0, SH, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout))) + half * SH
     shift = (s_index % 4) * 8 if FP4 else ((s_index // 2) % 4) * 8  # word s's block's byte
     rows = gl.convert_layout(rows, gl.SliceLayout(1, gl.SliceLayout(2, layout)))  # no moves
-    s = (rows[:, None, None] >> shift[None, None, :]) & 255
-    # mma_linear's multipliers: a NaN / Inf code poisons all of its lane's words of the row in
-    # this half (the reduction runs along s), which only widens what the exact recomputation
-    # covers
-    m = _multiplier(words, s, E5M2, IS_INT, S_MIN, S_MAX, 2 if FP4 else 1, 0)
+    m = _multiplier((rows[:, None, None] >> shift[None, None, :]) & 255)
     if FP4:  # code (r, b) = 32 s + 16 o + 8 h + 2 t + b with r = 2 o + h (stream_layout)
         v0, v1, v2, v3, v4, v5, v6, v7 = gl.inline_asm_elementwise(
             DECODE_E2M1, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 8,
@@ -291,7 +292,7 @@ def _mma(acc, a, x_half, FIRST: gl.constexpr):
 @gluon.jit
 def _slot(acc, w_smem, wb_smem, x_smem, s_smem, slot, FIRST: gl.constexpr, MP: gl.constexpr,
           SUB: gl.constexpr, CPG: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
-          MBITS: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+          MBITS: gl.constexpr):
     """acc plus the products of one ring slot's SUB sub-steps. Each sub-step is decoded in
     two halves of K, the first half's wgmma running while the second is decoded, and the
     slot's wgmmas are waited for once, at its end: the decode overlaps the tensor cores (and
@@ -306,16 +307,16 @@ def _slot(acc, w_smem, wb_smem, x_smem, s_smem, slot, FIRST: gl.constexpr, MP: g
         if CPG == 4:
             first, second, rows = _fp6_words(w_smem.index(slot).slice(64 * u, 64),
                                              wb_smem.index(slot).slice(64 * u, 64), scale_rows)
-            acc = _mma(acc, _fp6_decoded(first, rows, 0, MP, MBITS, S_MIN, S_MAX), x_first,
+            acc = _mma(acc, _fp6_decoded(first, rows, 0, MP, MBITS), x_first,
                        FIRST and u == 0)
-            acc = _mma(acc, _fp6_decoded(second, rows, 1, MP, MBITS, S_MIN, S_MAX), x_second,
+            acc = _mma(acc, _fp6_decoded(second, rows, 1, MP, MBITS), x_second,
                        False)
         else:
             words, rows = _words(w_smem.index(slot).slice(64 * u, 64), scale_rows, CPG == 2)
             first, second = _halves(words)
-            acc = _mma(acc, _decoded(first, rows, 0, MP, CPG == 2, E5M2, IS_INT, S_MIN, S_MAX),
+            acc = _mma(acc, _decoded(first, rows, 0, MP, CPG == 2, E5M2, IS_INT),
                        x_first, FIRST and u == 0)
-            acc = _mma(acc, _decoded(second, rows, 1, MP, CPG == 2, E5M2, IS_INT, S_MIN, S_MAX),
+            acc = _mma(acc, _decoded(second, rows, 1, MP, CPG == 2, E5M2, IS_INT),
                        x_second, False)
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
@@ -323,22 +324,21 @@ def _slot(acc, w_smem, wb_smem, x_smem, s_smem, slot, FIRST: gl.constexpr, MP: g
 @gluon.jit
 def _consume(c: gl.constexpr, w_smem, wb_smem, x_smem, s_smem, ready, empty, slots,
              MP: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr, CPG: gl.constexpr,
-             E5M2: gl.constexpr, IS_INT: gl.constexpr, MBITS: gl.constexpr, S_MIN: gl.constexpr,
-             S_MAX: gl.constexpr):
+             E5M2: gl.constexpr, IS_INT: gl.constexpr, MBITS: gl.constexpr):
     """Consumer warpgroup c (0, 1) takes slots c, c + 2, ...; returns its fp32 partial [64, MP]
     of out^T. The first slot is peeled so that its wgmma (use_acc off) defines the accumulator:
     a zero-initialised one reaching the loop's exit on a zero-trip path made ptxas serialize
     every wgmma."""
     mbarrier.wait(ready.index(c), 0)
     acc = _slot(gl.zeros([64, MP], gl.float32, mma_layout(MP)), w_smem, wb_smem, x_smem, s_smem,
-                c, True, MP, SUB, CPG, E5M2, IS_INT, MBITS, S_MIN, S_MAX)
+                c, True, MP, SUB, CPG, E5M2, IS_INT, MBITS)
     mbarrier.arrive(empty.index(c))
     for j in range(1, (slots - c + 1) // 2):
         i = c + 2 * j
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         acc = _slot(acc, w_smem, wb_smem, x_smem, s_smem, slot, False, MP, SUB, CPG, E5M2,
-                    IS_INT, MBITS, S_MIN, S_MAX)
+                    IS_INT, MBITS)
         mbarrier.arrive(empty.index(slot))
     return acc
 
@@ -346,19 +346,18 @@ def _consume(c: gl.constexpr, w_smem, wb_smem, x_smem, s_smem, ready, empty, slo
 @gluon.jit
 def _consume_first(w_smem, wb_smem, x_smem, s_smem, ready, empty, slots, MP: gl.constexpr,
                    STAGES: gl.constexpr, SUB: gl.constexpr, CPG: gl.constexpr,
-                   E5M2: gl.constexpr, IS_INT: gl.constexpr, MBITS: gl.constexpr,
-                   S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+                   E5M2: gl.constexpr, IS_INT: gl.constexpr, MBITS: gl.constexpr):
     return (_consume(0, w_smem, wb_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB,
-                     CPG, E5M2, IS_INT, MBITS, S_MIN, S_MAX),)
+                     CPG, E5M2, IS_INT, MBITS),)
 
 
 @gluon.jit
 def _consume_second(w_smem, wb_smem, x_smem, s_smem, ready, empty, partial, done, slots,
                     MP: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr,
                     CPG: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
-                    MBITS: gl.constexpr, S_MIN: gl.constexpr, S_MAX: gl.constexpr):
+                    MBITS: gl.constexpr):
     acc = _consume(1, w_smem, wb_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB, CPG,
-                   E5M2, IS_INT, MBITS, S_MIN, S_MAX)
+                   E5M2, IS_INT, MBITS)
     partial.store(acc)
     mbarrier.arrive(done)
 
@@ -409,7 +408,7 @@ def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, plane_a, plane_b, stre
                          STAGES: gl.constexpr, SUB: gl.constexpr, SPLIT: gl.constexpr,
                          PDL: gl.constexpr, PREFETCH: gl.constexpr,
                          HAS_BIAS: gl.constexpr, E5M2: gl.constexpr,
-                         S_MIN: gl.constexpr, S_MAX: gl.constexpr, IS_INT: gl.constexpr,
+                         IS_INT: gl.constexpr,
                          BITS: gl.constexpr, MBITS: gl.constexpr, HAS_INF: gl.constexpr,
                          HAS_NAN: gl.constexpr, LSB: gl.constexpr, TO_VALUE: gl.constexpr,
                          CPG: gl.constexpr):
@@ -448,9 +447,9 @@ def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, plane_a, plane_b, stre
     mbarrier.init(done, count=1)
     acc = gl.warp_specialize([
         (_consume_first, (w_smem, wb_smem, x_smem, s_smem, ready, empty, slots, MP, STAGES, SUB,
-                          CPG, E5M2, IS_INT, MBITS, S_MIN, S_MAX)),
+                          CPG, E5M2, IS_INT, MBITS)),
         (_consume_second, (w_smem, wb_smem, x_smem, s_smem, ready, empty, partial, done, slots,
-                           MP, STAGES, SUB, CPG, E5M2, IS_INT, MBITS, S_MIN, S_MAX)),
+                           MP, STAGES, SUB, CPG, E5M2, IS_INT, MBITS)),
         (_loader, (w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, ready,
                    empty, plane_a, plane_b, stream_scales, tile * steps + first * SUB,
                    first * SUB * KB, slots, STAGES, SUB, FP6, PDL, PREFETCH)),

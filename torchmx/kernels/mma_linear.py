@@ -69,6 +69,7 @@ from .. import dtypes
 from ..numerics import arguments as args
 from ._tl_numerics import decode_value, scale_value
 from .byte_gemv import _aligned
+from .fast_decode import FAST_SCALES
 from .fragment_matmul import check_tile, split_steps, store_out, store_split, usable_on
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
@@ -81,17 +82,7 @@ CHUNK = 64  # rows of W per wgmma A tile
 UNITS = {1: (64, 64), 2: (128, 64), 4: (128, 96)}
 _FORMATS = "e4m3, e5m2, e2m3, e3m2, e2m1 or int8"
 
-# Scale bytes s for which the decode's one multiply is exact: 2**(s - 7) (e4m3) or 2**(s - 15)
-# (e5m2) is a normal bf16 (s <= 134 / 142), and the format's smallest step times 2**(s - 127)
-# is at least bf16's smallest subnormal 2**-133 (e4m3: 2**-9, s >= 3; e5m2: 2**-16, s >= 10).
-# e2m1 / e2m3: 2**(s - 1) is a normal bf16 for s <= 128, and every value (2 / 4 significant
-# bits, steps of 2**-1 / 2**-3) times 2**(s - 127) lies on bf16's grid for every s. e3m2:
-# 2**(s - 3) is normal for s <= 130; its steps of 2**-4 are on the grid for every s.
-# MXINT8 (code * 2**(s - 133)): the multiplier is a normal bf16 for 7 <= s <= 254, and every
-# product then is exact in bf16 (overflow only for -128 at 254, Inf as in fp32).
-FAST_SCALES = {dtypes.float8_e4m3: (3, 134), dtypes.float8_e5m2: (10, 142),
-               dtypes.float6_e2m3: (0, 128), dtypes.float6_e3m2: (0, 130),
-               dtypes.float4_e2m1: (0, 128), dtypes.int8: (7, 254)}
+# FAST_SCALES (fast_decode.py): the scale bytes for which the decode's one multiply is exact.
 
 # A lane's two 16-byte pieces (row g's at $10, row g + 8's $12 bytes on) and their scale bytes
 # (at $11, and $13 bytes on), where $14 != 0; else undefined words and scale bytes -1. Plain
@@ -290,7 +281,8 @@ def _scale_multiplier(s, E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.con
 def _multiplier_where(fast, s, E5M2: tl.constexpr, IS_INT: tl.constexpr, CPG: tl.constexpr,
                       MBITS: tl.constexpr):
     """The format's multiplier for scale bytes s where fast, NaN where not, 0 where s < 0:
-    bf16x2 bits of 2**(s - 127) over the factor that the decode leaves on a code's value."""
+    bf16x2 bits of 2**(s - 127) over the factor that the decode leaves on a code's value
+    (exponent field s + fast_decode.MULTIPLIER_EXPONENT[fmt])."""
     if CPG == 4 and MBITS == 2:  # e3m2
         m = tl.where(fast, (s + 124) * 0x00800080, 0x7FC07FC0)
     elif CPG != 1:  # e2m1, e2m3

@@ -8,7 +8,7 @@ lays W out so that:
 - each step of each tile is one contiguous run (one TMA box), the steps of a tile in K order:
 
       codes  [N / 64, K / 128, 64 rows, WORDS words of 4 bytes]       WORDS = 32 (one-byte), 16
-      scales [N / 64, K / 128, 64 rows, 4 blocks]                      4 scale bytes a row
+      scales [N / 64, K / 128, 64 rows, 4 blocks]                      4 bytes a row
 
 - within a row, word `S t + s` (t in 0..3, s in 0..S-1, S = WORDS / 4) holds the codes that lane
   `4 g + t` of the wgmma A fragment needs from that row, in wgmma's K order:
@@ -49,6 +49,19 @@ of plane A, bytes 16..23 at 8 t of plane B. Its words A0, A1, A2 (groups 0..3) a
 (groups 4..7) are the two halves of the step's K, each three words as mma_linear's fp6 decode
 reads them.
 
+A block's byte in `scales` is not its scale byte s but what the kernel multiplies its codes
+by: the exponent field of its bf16 multiplier, s + fast_decode.MULTIPLIER_EXPONENT[fmt]
+(the multiplier's bits are that byte times 0x00800080, one instruction), worked out here once
+instead of in every call:
+
+- s in fast_decode.FAST_SCALES and no NaN / Inf code in the block: s + MULTIPLIER_EXPONENT;
+- every code of the block +-0 (its values are zero whatever the multiplier) and s not 255
+  (NaN): the same, clamped to 1..254 (an all-zero block of any scale stays on the fast path);
+- else 255: an Inf multiplier, which makes every product of the block Inf or NaN, so that the
+  tile's sums come out Inf or NaN and its CTA recomputes the tile exactly from the standard
+  layout (stream_linear.py): a NaN scale, a NaN / Inf code, a scale whose products the one
+  multiply cannot give exactly.
+
 Only blocks of 32 (the OCP MX block), out_features a multiple of 64 and in_features a multiple
 of 128 with at least two steps (one for each of the kernel's two consumer warpgroups): `fits`.
 """
@@ -60,9 +73,11 @@ import torch
 from .. import dtypes
 from ..numerics import arguments as args
 from ..numerics.packing import pack_codes, unpack_codes
+from .fast_decode import FAST_SCALES, MULTIPLIER_EXPONENT
 
-__all__ = ["BLOCK", "CHUNK", "FORMATS", "FP4_BITS", "FP6", "FP6_PLANES", "STEP_CODES", "describe",
-           "fits", "fp6_planes", "pack", "step_bytes", "unpack"]
+__all__ = ["BLOCK", "CHUNK", "FORMATS", "FP4_BITS", "FP6", "FP6_PLANES", "RECOMPUTE",
+           "STEP_CODES", "describe", "fits", "fp6_planes", "multiplier_exponents", "pack",
+           "step_bytes", "unpack"]
 
 BLOCK = 32
 CHUNK = 64  # rows of a tile
@@ -80,6 +95,10 @@ FP4_BITS = (((15, 8, 7, 6), (31, 24, 23, 22)),  # word itself
             ((5, 30, 29, 28), (21, 14, 13, 12)),  # rotated left by 10
             ((2, 27, 26, 25), (18, 11, 10, 9)),  # rotated left by 13
             ((3, 1, 0, 4), (19, 17, 16, 20)))  # masked, times 2**2 + 2**7 + 2**12
+# A block's byte in the stream scales where the kernel leaves it to the exact recomputation.
+RECOMPUTE = 255
+# Rows of W whose blocks multiplier_exponents looks at a time (their codes as int32)
+_EXPONENT_ROWS_AT_ONCE = 1024
 # TMA coordinates are 32-bit: the codes' rows (N / 64 * K / 128 steps of 64) must index in them.
 _MAX_STEP_ROWS = 2 ** 31
 
@@ -156,14 +175,38 @@ def _fp6_unpack_tiles(lanes: torch.Tensor, fmt: dtypes.DType, steps: int) -> tor
     return pack_codes(codes.reshape(-1, steps * STEP_CODES), fmt)
 
 
+def multiplier_exponents(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
+                         ) -> torch.Tensor:
+    """The stream scales' byte of each block (the module docstring), uint8 [N, K / 32], from the
+    standard parts (scale bytes [N, K / 32], codes [N, packed K]; checked by the caller)."""
+    low, high = FAST_SCALES[fmt]
+    # a code's bits but its sign (MXINT8's two's complement codes: all of them)
+    signless = (1 << fmt.bits) - 1 if fmt.kind == "int" else (1 << (fmt.bits - 1)) - 1
+    out = torch.empty(scale.shape, dtype=torch.uint8, device=scale.device)
+    for first in range(0, scale.shape[0], _EXPONENT_ROWS_AT_ONCE):
+        rows = slice(first, first + _EXPONENT_ROWS_AT_ONCE)
+        s = scale[rows].view(torch.uint8).to(torch.int32)
+        codes = unpack_codes(data[rows].view(torch.uint8), fmt, s.shape[1] * BLOCK)
+        magnitude = (codes & signless).unflatten(-1, (-1, BLOCK))
+        exponent = s + MULTIPLIER_EXPONENT[fmt]
+        fast = (s >= low) & (s <= high)
+        if fmt.is_float:  # no NaN / Inf code (e4m3, e5m2: past the largest finite one)
+            fast &= ~(magnitude > fmt.max_code).any(-1)
+        zero = (magnitude == 0).all(-1) & (s != dtypes.E8M0_EXPONENT_NAN_VAL)
+        out[rows] = torch.where(fast, exponent, torch.where(
+            zero, exponent.clamp(1, 254), RECOMPUTE)).to(torch.uint8)
+    return out
+
+
 def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
          ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the stream layout's
-    (codes, scales): flat uint8 copies on data's device."""
+    (codes, scales): flat uint8 copies on data's device (scales: multiplier_exponents')."""
     N, K = args.check_weight_parts(scale, data, fmt, BLOCK, fits, describe(),
                                    "stream_layout.pack")
     nb, steps = N // CHUNK, K // STEP_CODES
-    scales = scale.reshape(nb, CHUNK, steps, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
+    scales = multiplier_exponents(scale, data, fmt)
+    scales = scales.reshape(nb, CHUNK, steps, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
     scales = scales.reshape(-1).contiguous()
     if fmt in FP6:
         planes = ([], [])
@@ -183,7 +226,11 @@ def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
 
 def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_features: int,
            in_features: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The inverse of `pack`: (scale [N, K / 32], data [N, packed K]) uint8."""
+    """The inverse of `pack`: (scale [N, K / 32], data [N, packed K]) uint8, the codes as they
+    were, and each block's scale byte as far as the stream scales keep it: the same where the
+    kernel decodes the block itself, unless an all-zero block's exponent was clamped (its
+    values are zero at any scale); 255 (NaN) where it leaves the block to the exact
+    recomputation."""
     N, K = out_features, in_features
     if (not fits(fmt, BLOCK, N, K)
             or codes.shape != (N * K * fmt.bytes_per_group // fmt.codes_per_group,)
@@ -192,8 +239,10 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
                          f"{fmt.name} weight [{out_features}, {in_features}] of {describe()}, "
                          f"got shapes {tuple(codes.shape)} and {tuple(scales.shape)}")
     nb, steps = N // CHUNK, K // STEP_CODES
-    scale = scales.reshape(nb, steps, CHUNK, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
-    scale = scale.reshape(N, K // BLOCK).contiguous()
+    exponents = scales.reshape(nb, steps, CHUNK, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
+    exponents = exponents.reshape(N, K // BLOCK).to(torch.int32)
+    scale = torch.where(exponents == RECOMPUTE, dtypes.E8M0_EXPONENT_NAN_VAL,
+                        exponents - MULTIPLIER_EXPONENT[fmt]).to(torch.uint8)
     if fmt in FP6:
         a, b = fp6_planes(codes)
         lanes = torch.cat([a.reshape(nb, steps, CHUNK, 4, FP6_PLANES[0]),

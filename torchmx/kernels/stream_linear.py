@@ -11,13 +11,14 @@ N = 1024: 8), written in Gluon (Triton's explicit-layout dialect, _gl_stream.py)
 Triton's language cannot express its warp roles:
 
 - a loader warp brings each step's W codes (one contiguous run of the stream layout; fp6: one
-  run in each of its two planes), x^T [M padded to MP, 128 codes a sub-step] and the scale
-  bytes into a STAGES-slot shared-memory ring by TMA (rows of x past M read as zeros);
+  run in each of its two planes), x^T [M padded to MP, 128 codes a sub-step] and the blocks'
+  multiplier exponents (the stream scales) into a STAGES-slot shared-memory ring by TMA (rows
+  of x past M read as zeros);
 - two consumer warpgroups take the ring's slots in turn. Each lane loads its words of a row
   (one 16- or 32-byte shared-memory load; fp6: 16 bytes of plane A, 8 of plane B), decodes
-  them into exactly its wgmma A registers (value * 2**(s - 127) in bf16, exact for the scale
-  bytes of FAST_SCALES: mma_linear's decode for one-byte codes and fp6, one for the stream
-  layout's spread fp4 bits) and runs wgmma (W from registers, x^T from shared memory, "swap
+  them into exactly its wgmma A registers (value * 2**(s - 127) in bf16: mma_linear's decode
+  for one-byte codes and fp6, one for the stream layout's spread fp4 bits, each times its
+  block's multiplier, one instruction from its byte in the stream scales) and runs wgmma (W from registers, x^T from shared memory, "swap
   AB": out^T = W x^T) into its own fp32 accumulator, each sub-step in two halves of K (the
   first half's wgmma runs while the second half is decoded);
 - the two accumulators are added inside the CTA (through shared memory). With split-K each
@@ -42,12 +43,14 @@ piece kernels.
 
 Numerics are those of kernels/matmul.py: exact bf16 products, fp32 sums, one rounding (the
 order of the fp32 sums depends on the split, so on the GPU's SM count; runs on one GPU give
-the same bits). A word the decode cannot take exactly (a scale byte outside FAST_SCALES, an
-e4m3 NaN code, an e5m2 Inf or NaN code) gets a NaN multiplier (mma_linear._multiplier; a NaN
-or Inf code poisons all of its lane's words of that row); a tile whose sums end up NaN or Inf,
-from such a word or otherwise (x, overflow), is recomputed from the standard layout (by its
-last CTA, where K is split) with exact fp32 decodes and fp32 FMA sums, which gives the
-contract's result, NaN and Inf included. Ordinary weights never take that path.
+the same bits). A block the decode cannot take exactly (a scale byte outside
+fast_decode.FAST_SCALES with a nonzero code, a NaN scale, an e4m3 NaN code, an e5m2 Inf or NaN
+code) is marked in the stream scales when the layout is packed (stream_layout: an Inf
+multiplier, so its products are Inf or NaN); a tile whose sums end up NaN or Inf, from such a
+block or otherwise (x, overflow), is recomputed from the standard layout (by its last CTA,
+where K is split) with exact fp32 decodes and fp32 FMA sums, which gives the contract's
+result, NaN and Inf included. Ordinary weights never take that path, nor do blocks of zeros
+at any scale.
 
 Gluon kernels do not run under Triton's interpreter: on the CPU the tests compile the kernel
 for sm_90 (and check that ptxas keeps the wgmmas asynchronous) and check the layout; the bits
@@ -65,7 +68,6 @@ from ..numerics import arguments as args
 from . import stream_layout
 from .byte_gemv import _aligned
 from .matmul import _format_constants, _interpreting, _sm_count
-from .mma_linear import FAST_SCALES
 from .triton_backend import device_capability
 
 __all__ = ["MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
@@ -308,13 +310,12 @@ def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias,
         partials = torch.empty(cfg.split * N * MP, dtype=torch.float32, device=x.device)
         if counters is None:
             counters = torch.zeros(N // stream_layout.CHUNK, dtype=torch.int32, device=x.device)
-    low, high = FAST_SCALES[fmt]
     arguments = (*descriptors, planes[0], planes[1], scales, x, w_data.view(torch.uint8), w_scale,
                  bias if bias is not None else out, out, partials,
                  counters if counters is not None else out, M, K, x.stride(0), w_data.stride(0),
                  w_scale.stride(0), out.stride(0))
     constants = dict(MP=MP, STAGES=cfg.stages, SUB=cfg.sub, SPLIT=cfg.split, PDL=cfg.pdl,
                      PREFETCH=cfg.prefetch if cfg.pdl else 0, launch_pdl=cfg.pdl,
-                     HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2, S_MIN=low,
-                     S_MAX=high, num_warps=4, **_format_constants(fmt))
+                     HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2, num_warps=4,
+                     **_format_constants(fmt))
     return (N // stream_layout.CHUNK * cfg.split,), arguments, constants
