@@ -407,8 +407,7 @@ def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, plane_a, plane_b, stre
                          stride_xm, stride_wn, stride_sn, stride_om, MP: gl.constexpr,
                          STAGES: gl.constexpr, SUB: gl.constexpr, SPLIT: gl.constexpr,
                          PDL: gl.constexpr, PREFETCH: gl.constexpr,
-                         HAS_BIAS: gl.constexpr, E5M2: gl.constexpr,
-                         IS_INT: gl.constexpr,
+                         HAS_BIAS: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constexpr,
                          BITS: gl.constexpr, MBITS: gl.constexpr, HAS_INF: gl.constexpr,
                          HAS_NAN: gl.constexpr, LSB: gl.constexpr, TO_VALUE: gl.constexpr,
                          CPG: gl.constexpr):

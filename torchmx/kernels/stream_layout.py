@@ -181,7 +181,7 @@ def multiplier_exponents(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DT
     standard parts (scale bytes [N, K / 32], codes [N, packed K]; checked by the caller)."""
     low, high = FAST_SCALES[fmt]
     # a code's bits but its sign (MXINT8's two's complement codes: all of them)
-    signless = (1 << fmt.bits) - 1 if fmt.kind == "int" else (1 << (fmt.bits - 1)) - 1
+    signless = (1 << (fmt.bits - 1)) - 1 if fmt.is_float else (1 << fmt.bits) - 1
     out = torch.empty(scale.shape, dtype=torch.uint8, device=scale.device)
     for first in range(0, scale.shape[0], _EXPONENT_ROWS_AT_ONCE):
         rows = slice(first, first + _EXPONENT_ROWS_AT_ONCE)

@@ -18,9 +18,10 @@ Triton's language cannot express its warp roles:
   (one 16- or 32-byte shared-memory load; fp6: 16 bytes of plane A, 8 of plane B), decodes
   them into exactly its wgmma A registers (value * 2**(s - 127) in bf16: mma_linear's decode
   for one-byte codes and fp6, one for the stream layout's spread fp4 bits, each times its
-  block's multiplier, one instruction from its byte in the stream scales) and runs wgmma (W from registers, x^T from shared memory, "swap
-  AB": out^T = W x^T) into its own fp32 accumulator, each sub-step in two halves of K (the
-  first half's wgmma runs while the second half is decoded);
+  block's multiplier, one instruction from its byte in the stream scales) and runs wgmma (W
+  from registers, x^T from shared memory, "swap AB": out^T = W x^T) into its own fp32
+  accumulator, each sub-step in two halves of K (the first half's wgmma runs while the
+  second half is decoded);
 - the two accumulators are added inside the CTA (through shared memory). With split-K each
   CTA stores that fp32 partial and counts its arrival on the tile's counter; the last to
   arrive adds the tile's partials in part order (so the sum does not depend on which CTA
