@@ -69,7 +69,7 @@ from .. import dtypes
 from ..numerics import arguments as args
 from ._tl_numerics import decode_value, scale_value
 from .byte_gemv import _aligned
-from .fast_decode import FAST_SCALES
+from .fast_decode import FAST_SCALES, MULTIPLIER_EXPONENT
 from .fragment_matmul import check_tile, split_steps, store_out, store_split, usable_on
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
@@ -83,6 +83,13 @@ UNITS = {1: (64, 64), 2: (128, 64), 4: (128, 96)}
 _FORMATS = "e4m3, e5m2, e2m3, e3m2, e2m1 or int8"
 
 # FAST_SCALES (fast_decode.py): the scale bytes for which the decode's one multiply is exact.
+# Its multiplier's exponent field less the scale byte (fast_decode.MULTIPLIER_EXPONENT)
+_EXPONENT_E4M3 = tl.constexpr(MULTIPLIER_EXPONENT[dtypes.float8_e4m3])
+_EXPONENT_E5M2 = tl.constexpr(MULTIPLIER_EXPONENT[dtypes.float8_e5m2])
+_EXPONENT_E2M1 = tl.constexpr(MULTIPLIER_EXPONENT[dtypes.float4_e2m1])
+_EXPONENT_E2M3 = tl.constexpr(MULTIPLIER_EXPONENT[dtypes.float6_e2m3])
+_EXPONENT_E3M2 = tl.constexpr(MULTIPLIER_EXPONENT[dtypes.float6_e3m2])
+_EXPONENT_INT8 = tl.constexpr(MULTIPLIER_EXPONENT[dtypes.int8])
 
 # A lane's two 16-byte pieces (row g's at $10, row g + 8's $12 bytes on) and their scale bytes
 # (at $11, and $13 bytes on), where $14 != 0; else undefined words and scale bytes -1. Plain
@@ -283,14 +290,15 @@ def _multiplier_where(fast, s, E5M2: tl.constexpr, IS_INT: tl.constexpr, CPG: tl
     """The format's multiplier for scale bytes s where fast, NaN where not, 0 where s < 0:
     bf16x2 bits of 2**(s - 127) over the factor that the decode leaves on a code's value
     (exponent field s + fast_decode.MULTIPLIER_EXPONENT[fmt])."""
-    if CPG == 4 and MBITS == 2:  # e3m2
-        m = tl.where(fast, (s + 124) * 0x00800080, 0x7FC07FC0)
-    elif CPG != 1:  # e2m1, e2m3
-        m = tl.where(fast, (s + 126) * 0x00800080, 0x7FC07FC0)
+    if CPG == 4:
+        offset = _EXPONENT_E3M2 if MBITS == 2 else _EXPONENT_E2M3
+    elif CPG == 2:
+        offset = _EXPONENT_E2M1
     elif IS_INT:
-        m = tl.where(fast, (s - 6) * 0x00800080, 0x7FC07FC0)
+        offset = _EXPONENT_INT8
     else:
-        m = tl.where(fast, (s + (112 if E5M2 else 120)) * 0x00800080, 0x7FC07FC0)
+        offset = _EXPONENT_E5M2 if E5M2 else _EXPONENT_E4M3
+    m = tl.where(fast, (s + offset) * 0x00800080, 0x7FC07FC0)
     return tl.where(s < 0, 0, m)
 
 
