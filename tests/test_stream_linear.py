@@ -103,6 +103,15 @@ def test_multiplier_exponents(fmt):
     assert sl.multiplier_exponents(scale, data, fmt).tolist() == [_EXPONENTS[fmt.name]]
 
 
+def test_multiplier_exponents_refuse_what_is_not_a_weight_of_its_formats():
+    fmt = dtypes.float8_e4m3
+    scale, data = _random_parts(fmt, 64, 256)
+    for bad in [(scale[:, :-1], data, fmt), (scale, data[:, :-32], fmt),
+                (scale.float(), data, fmt), (scale, data, OTHER)]:
+        with pytest.raises(ValueError, match="stream_layout.multiplier_exponents"):
+            sl.multiplier_exponents(*bad)
+
+
 def _fp4_register(words, r):
     """What the kernel's fp4 decode (stream_layout's docstring) makes of words (int64, 32 bits)
     for register r, before scaling: bf16 pair bit patterns."""

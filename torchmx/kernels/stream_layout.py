@@ -178,7 +178,12 @@ def _fp6_unpack_tiles(lanes: torch.Tensor, fmt: dtypes.DType, steps: int) -> tor
 def multiplier_exponents(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
                          ) -> torch.Tensor:
     """The stream scales' byte of each block (the module docstring), uint8 [N, K / 32], from the
-    standard parts (scale bytes [N, K / 32], codes [N, packed K]; checked by the caller)."""
+    standard parts (scale bytes [N, K / 32], codes [N, packed K]) of a weight of FORMATS in
+    blocks of 32 (any N and K)."""
+    args.check_weight_parts(scale, data, fmt, BLOCK,
+                            lambda f, b, n, k: f in FORMATS and b == BLOCK and n * k > 0,
+                            f"{', '.join(f.name for f in FORMATS)} in blocks of {BLOCK}",
+                            "stream_layout.multiplier_exponents")
     low, high = FAST_SCALES[fmt]
     # a code's bits but its sign (MXINT8's two's complement codes: all of them)
     signless = (1 << (fmt.bits - 1)) - 1 if fmt.is_float else (1 << fmt.bits) - 1
