@@ -126,8 +126,9 @@ def test_every_code_lands_where_the_kernel_reads_it(fmt):
     docstring's formula, computed here element by element: one-byte codes as byte 2 h + b,
     fp4 codes where the kernel's decode of register 2 o + h finds them (sign at bit 15, the
     magnitude at bits 8..6, + 16 for b = 1), fp6 codes as code 2 h + b of lane t's group s
-    (its bytes 0..15 in plane A, 16..23 in plane B). Block (n, b)'s multiplier exponent is byte
-    b % 4 of the row's step b // 4."""
+    (its bytes 0..15 in plane A, 16..23 in plane B). Runs are step-major: row n's step lies in
+    run step * N / 64 + n // 64. Block (n, b)'s multiplier exponent is byte b % 4 of the row's
+    step b // 4."""
     fmt = dtypes.from_name(fmt)
     N, K = 128, 512
     scale, data = _random_parts(fmt, N, K, seed=1)
@@ -137,7 +138,7 @@ def test_every_code_lands_where_the_kernel_reads_it(fmt):
     n, k = torch.meshgrid(torch.arange(N), torch.arange(K), indexing="ij")
     step, c = k // 128, k % 128
     b, t, h = c % 2, (c // 2) % 4, (c // 8) % 2
-    row_step = (n // 64 * (K // 128) + step) * 64 + n % 64  # a row's step, in step order
+    row_step = (step * (N // 64) + n // 64) * 64 + n % 64  # a row's step: its run's row
     if fmt in sl.FP6:  # code 16 s + 8 h + 2 t + b: lane t's group s, its code 2 h + b
         s = c // 16
         plane_a, plane_b = codes.split([codes.numel() * 2 // 3, codes.numel() // 3])
@@ -165,7 +166,7 @@ def test_every_code_lands_where_the_kernel_reads_it(fmt):
         else:
             assert torch.equal((as_words >> (8 * (2 * h + b))) & 0xFF, logical & 0xFF)
     nb, blk = torch.meshgrid(torch.arange(N), torch.arange(K // 32), indexing="ij")
-    at = ((nb // 64 * (K // 128) + blk // 4) * 64 + nb % 64) * 4 + blk % 4
+    at = ((blk // 4 * (N // 64) + nb // 64) * 64 + nb % 64) * 4 + blk % 4
     assert torch.equal(scales[at], sl.multiplier_exponents(scale, data, fmt))
 
 
@@ -242,12 +243,13 @@ def test_pack_and_unpack_refuse_what_does_not_fit():
 
 @pytest.mark.parametrize("fmt,M,K,expected", [
     ("float4_e2m1", 16, 8192, (6, 2)), ("float4_e2m1", 1, 8192, (6, 2)),
-    ("float4_e2m1", 64, 8192, (4, 2)), ("float4_e2m1", 33, 384, (6, 1)),
-    ("float4_e2m1", 16, 256, (6, 1)), ("float4_e2m1", 16, 512, (6, 2)),
-    ("float8_e4m3", 16, 8192, (6, 1)), ("float8_e4m3", 64, 8192, (6, 1)),
-    ("int8", 33, 4096, (6, 1)), ("float8_e5m2", 1, 256, (6, 1)),
-    ("float6_e2m3", 16, 8192, (6, 2)), ("float6_e3m2", 64, 8192, (4, 2)),
-    ("float6_e2m3", 1, 384, (6, 1))])
+    ("float4_e2m1", 64, 8192, (4, 2)), ("float4_e2m1", 33, 384, (8, 1)),
+    ("float4_e2m1", 16, 256, (8, 1)), ("float4_e2m1", 16, 512, (6, 2)),
+    ("float8_e4m3", 16, 8192, (4, 2)), ("float8_e4m3", 64, 8192, (4, 2)),
+    ("int8", 33, 4096, (4, 2)), ("float8_e5m2", 1, 256, (8, 1)),
+    ("float8_e5m2", 64, 384, (8, 1)), ("float6_e2m3", 16, 8192, (6, 2)),
+    ("float6_e3m2", 64, 8192, (4, 2)), ("float6_e2m3", 1, 384, (8, 1)),
+    ("float6_e2m3", 64, 384, (8, 1))])
 def test_default_config(fmt, M, K, expected):
     cfg = stream_linear.default_config(dtypes.from_name(fmt), M, K)
     assert (cfg.stages, cfg.sub, cfg.split, cfg.pdl, cfg.prefetch) == expected + (1, True, 4)
@@ -267,8 +269,8 @@ def test_config_errors():
     for split in (0, stream_linear.MAX_SPLIT + 1):
         with pytest.raises(ValueError, match=f"split 1..{stream_linear.MAX_SPLIT}"):
             stream_linear.StreamConfig(4, 1, split)
-    for prefetch in (-1, 65):
-        with pytest.raises(ValueError, match="prefetch 0..64"):
+    for prefetch in (-1, stream_linear.MAX_PREFETCH + 1):
+        with pytest.raises(ValueError, match=f"prefetch 0..{stream_linear.MAX_PREFETCH}"):
             stream_linear.StreamConfig(4, 1, prefetch=prefetch)
     with pytest.raises(ValueError, match="1..64 rows"):
         stream_linear.default_config(dtypes.float8_e4m3, 65, 1024)
@@ -410,17 +412,21 @@ def test_launch_options_follow_the_config():
                                         ("float6_e3m2", 2)])
 def test_pdl_lets_the_next_call_start_and_prefetches_only_before_its_wait(fmt, planes):
     """The compiled kernel's launch control (PTX, sm_90): with PDL one launch_dependents, the
-    loader's L2 prefetches of each plane of W and of the scales right before its wait, and the
-    epilogue's wait; without PDL none of them."""
+    loader's L2 prefetches of the first sub-steps (the default 4) of each plane of W and of the
+    scales right before its wait, and the epilogue's wait; without PDL none of them."""
     from gluon_compile import compile_reports
     with_pdl, without = compile_reports([("stream-pdl", fmt, 16, 512, 1024, pdl)
                                          for pdl in (True, False)])
     ops = [line.split(";")[0].split(" ")[0] for line in with_pdl]
-    assert ops.count("griddepcontrol.launch_dependents") == 1
-    assert ops.count("griddepcontrol.wait") == 2
-    first = ops.index("cp.async.bulk.prefetch.L2.global")
-    assert ops[first:first + planes + 2] == (["cp.async.bulk.prefetch.L2.global"] * (planes + 1)
-                                             + ["griddepcontrol.wait"])
+    prefetches = stream_linear.default_config(dtypes.from_name(fmt), 16, 1024).prefetch
+    assert prefetches == 4
+    # the epilogue's wait, then the loader's prefetches and its wait (which ptxas's input may
+    # hold on more than one branch of the prefetches' conditions: one is executed)
+    launch, epilogue, *loader = ops
+    assert (launch, epilogue) == ("griddepcontrol.launch_dependents", "griddepcontrol.wait")
+    assert loader[:prefetches * (planes + 1)] == (["cp.async.bulk.prefetch.L2.global"]
+                                                  * prefetches * (planes + 1))
+    assert set(loader[prefetches * (planes + 1):]) == {"griddepcontrol.wait"}
     assert without == []
 
 

@@ -107,43 +107,50 @@ def _prefetch_l2(address, size):
 
 @gluon.jit
 def _loader(w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, ready, empty,
-            plane_a, plane_b, stream_scales, step0, k0, slots, STAGES: gl.constexpr,
+            plane_a, plane_b, stream_scales, tile, tiles, step0, slots, STAGES: gl.constexpr,
             SUB: gl.constexpr, FP6: gl.constexpr, PDL: gl.constexpr, PREFETCH: gl.constexpr):
-    """One warp: slot i % STAGES gets the sub-steps step0 + i * SUB .. of the stream (x's
-    columns k0 + i * SUB * KB .., fp6: both planes of W) once its consumer freed it (empty),
-    and signals `ready` when the bytes have landed. With PDL it first asks L2 for the part's
-    first PREFETCH sub-steps of W and scales, then waits for the previous kernel: x may be
-    its output, and W may be too (prepack)."""
+    """One warp: slot i % STAGES gets the tile's sub-steps step0 + i * SUB .. (x's columns
+    from (step0 + i * SUB) * KB, and W's codes, fp6: both planes, and scales: one TMA box each
+    sub-step, at row step * tiles + tile of the step-major stream layout) once its consumer
+    freed it (empty), and signals `ready` when the bytes have landed. With PDL it first asks
+    L2 for the part's first PREFETCH sub-steps of W and scales, then waits for the previous
+    kernel: x may be its output, and W may be too (prepack)."""
     if PDL:
-        if PREFETCH > 0:
-            ahead = gl.minimum(slots * SUB, PREFETCH)
-            first = step0.to(gl.int64)
-            A_BYTES: gl.constexpr = 64 * w_desc.block_type.shape[1]  # a sub-step's, plane A
-            _prefetch_l2(plane_a + first * A_BYTES, ahead * A_BYTES)
-            if FP6:
-                B_BYTES: gl.constexpr = 64 * wb_desc.block_type.shape[1]
-                _prefetch_l2(plane_b + first * B_BYTES, ahead * B_BYTES)
-            S_BYTES: gl.constexpr = 64 * KB // BLOCK
-            _prefetch_l2(stream_scales + first * S_BYTES, ahead * S_BYTES)
+        A_BYTES: gl.constexpr = 64 * w_desc.block_type.shape[1]  # a sub-step's, plane A
+        B_BYTES: gl.constexpr = 64 * wb_desc.block_type.shape[1]
+        S_BYTES: gl.constexpr = 64 * KB // BLOCK
+        for q in gl.static_range(PREFETCH):
+            if q < slots * SUB:
+                run = ((step0 + q) * tiles + tile).to(gl.int64)
+                _prefetch_l2(plane_a + run * A_BYTES, A_BYTES)
+                if FP6:
+                    _prefetch_l2(plane_b + run * B_BYTES, B_BYTES)
+                _prefetch_l2(stream_scales + run * S_BYTES, S_BYTES)
         _wait_for_previous()
     for i in range(slots):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
         if FP6:
-            mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + wb_desc.block_type.nbytes
-                            + x_desc.block_type.nbytes + s_desc.block_type.nbytes)
+            mbarrier.expect(ready.index(slot), SUB * (w_desc.block_type.nbytes
+                                                      + wb_desc.block_type.nbytes
+                                                      + s_desc.block_type.nbytes)
+                            + x_desc.block_type.nbytes)
         else:
-            mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + x_desc.block_type.nbytes
-                            + s_desc.block_type.nbytes)
+            mbarrier.expect(ready.index(slot), SUB * (w_desc.block_type.nbytes
+                                                      + s_desc.block_type.nbytes)
+                            + x_desc.block_type.nbytes)
         step = step0 + i * SUB
-        tma.async_copy_global_to_shared(w_desc, [step * 64, 0], ready.index(slot),
-                                        w_smem.index(slot))
-        if FP6:
-            tma.async_copy_global_to_shared(wb_desc, [step * 64, 0], ready.index(slot),
-                                            wb_smem.index(slot))
-        tma.async_copy_global_to_shared(x_desc, [0, k0 + i * SUB * KB], ready.index(slot),
+        for u in gl.static_range(SUB):
+            run = (step + u) * tiles + tile
+            tma.async_copy_global_to_shared(w_desc, [run * 64, 0], ready.index(slot),
+                                            w_smem.index(slot).slice(64 * u, 64))
+            if FP6:
+                tma.async_copy_global_to_shared(wb_desc, [run * 64, 0], ready.index(slot),
+                                                wb_smem.index(slot).slice(64 * u, 64))
+            tma.async_copy_global_to_shared(s_desc, [run, 0], ready.index(slot),
+                                            s_smem.index(slot).slice(u, 1))
+        tma.async_copy_global_to_shared(x_desc, [0, step * KB], ready.index(slot),
                                         x_smem.index(slot))
-        tma.async_copy_global_to_shared(s_desc, [step, 0], ready.index(slot), s_smem.index(slot))
 
 
 @gluon.jit
@@ -421,17 +428,20 @@ def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, plane_a, plane_b, stre
         _launch_dependents()
     tile = gl.program_id(0) // SPLIT
     part = gl.program_id(0) % SPLIT
+    tiles = gl.num_programs(0) // SPLIT
     steps = K // KB
     first = part * (steps // SUB) // SPLIT  # the part's slots of the tile, as evenly as they go
     slots = (part + 1) * (steps // SUB) // SPLIT - first
-    w_smem = gl.allocate_shared_memory(gl.uint8, [STAGES] + w_desc.block_type.shape,
+    # a slot: SUB sub-steps of W (the descriptors' boxes: one sub-step) and scales, x's columns
+    w_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, SUB * 64, w_desc.block_type.shape[1]],
                                        w_desc.layout)
     x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape,
                                        x_desc.layout)
-    s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES] + s_desc.block_type.shape,
+    s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, SUB, s_desc.block_type.shape[1]],
                                        s_desc.layout)
     if FP6:  # W's plane B (w_smem holds plane A)
-        wb_smem = gl.allocate_shared_memory(gl.uint8, [STAGES] + wb_desc.block_type.shape,
+        wb_smem = gl.allocate_shared_memory(gl.uint8,
+                                            [STAGES, SUB * 64, wb_desc.block_type.shape[1]],
                                             wb_desc.layout)
     else:
         wb_smem = w_smem  # not read
@@ -450,8 +460,8 @@ def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, plane_a, plane_b, stre
         (_consume_second, (w_smem, wb_smem, x_smem, s_smem, ready, empty, partial, done, slots,
                            MP, STAGES, SUB, CPG, E5M2, IS_INT, MBITS)),
         (_loader, (w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, ready,
-                   empty, plane_a, plane_b, stream_scales, tile * steps + first * SUB,
-                   first * SUB * KB, slots, STAGES, SUB, FP6, PDL, PREFETCH)),
+                   empty, plane_a, plane_b, stream_scales, tile, tiles, first * SUB, slots,
+                   STAGES, SUB, FP6, PDL, PREFETCH)),
     ], [4, 1], [152, 40])[0]
     if PDL:  # (passed already by the loader) before these threads' stores and loads
         _wait_for_previous()
@@ -467,7 +477,7 @@ def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, plane_a, plane_b, stre
         # partials [SPLIT, N, MP]: each part stores its own and counts its arrival; the last to
         # arrive adds them in part order (a sum that does not depend on the order of arrival),
         # finishes the tile and leaves the tile's counter at zero for the next call
-        part_size = (gl.num_programs(0) // SPLIT) * 64 * MP
+        part_size = tiles * 64 * MP
         offsets = n[:, None] * MP + m[None, :]
         gl.store(partials_ptr + part * part_size + offsets, acc)
         gl.thread_barrier()  # every thread's partial is stored before the arrival is counted

@@ -5,10 +5,14 @@ streams the tile's steps (64 rows x 128 codes: 128 bytes a row for one-byte code
 through a shared-memory ring by TMA and takes W as wgmma's A operand from registers. `pack`
 lays W out so that:
 
-- each step of each tile is one contiguous run (one TMA box), the steps of a tile in K order:
+- each step of each tile is one contiguous run (one TMA box), and the runs go step by step,
+  every tile's step 0, then every tile's step 1, ... ("step-major"), so that the CTAs, which
+  all go through K in step with each other, read one region of memory at a time (faster than
+  each tile's steps in one run of its own: benchmarks/bench_stream_linear.py,
+  docs/performance.md):
 
-      codes  [N / 64, K / 128, 64 rows, WORDS words of 4 bytes]       WORDS = 32 (one-byte), 16
-      scales [N / 64, K / 128, 64 rows, 4 blocks]                      4 bytes a row
+      codes  [K / 128, N / 64, 64 rows, WORDS words of 4 bytes]   WORDS = 32 (one-byte), 16
+      scales [K / 128, N / 64, 64 rows, 4 blocks]                  4 bytes a row
 
 - within a row, word `S t + s` (t in 0..3, s in 0..S-1, S = WORDS / 4) holds the codes that lane
   `4 g + t` of the wgmma A fragment needs from that row, in wgmma's K order:
@@ -38,10 +42,10 @@ the kernel decodes exactly the standard layout's values.
 
 fp6 (e2m3, e3m2) rows are 96 bytes a step, which no TMA box or register layout takes in one
 (their shapes are powers of two), so a row's step is two planes, each one contiguous run of
-the whole weight's steps:
+the whole weight's steps, step-major:
 
-      codes  [N / 64, K / 128, 64 rows, 64 bytes]   plane A (the first 2/3 of the bytes)
-             [N / 64, K / 128, 64 rows, 32 bytes]   plane B (the last 1/3)
+      codes  [K / 128, N / 64, 64 rows, 64 bytes]   plane A (the first 2/3 of the bytes)
+             [K / 128, N / 64, 64 rows, 32 bytes]   plane B (the last 1/3)
 
 Lane t's 24 bytes of a row are its eight three-byte groups s (the standard fp6 packing of
 codes 16 s + 8 h + 2 t + b, code 2 h + b at bits 6 (2 h + b) of the group): bytes 0..15 at 16 t
@@ -148,8 +152,8 @@ def _move_fp4_bits(codes: torch.Tensor, spread: bool) -> torch.Tensor:
 
 
 def fp6_planes(codes: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """An fp6 weight's stream codes (pack's, flat) as its planes A and B, views [steps of all
-    tiles x 64 rows, 64 bytes] and [.., 32 bytes]."""
+    """An fp6 weight's stream codes (pack's, flat) as its planes A and B, views [steps x tiles x
+    64 rows, 64 bytes] and [.., 32 bytes]."""
     step = CHUNK * step_bytes(FP6[0])  # bytes of a tile's step, both planes
     if codes.dim() != 1 or codes.numel() % step:
         raise ValueError(f"stream_layout.fp6_planes: codes must be pack's flat fp6 codes (a "
@@ -211,19 +215,20 @@ def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
                                    "stream_layout.pack")
     nb, steps = N // CHUNK, K // STEP_CODES
     scales = multiplier_exponents(scale, data, fmt)
-    scales = scales.reshape(nb, CHUNK, steps, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
+    scales = scales.reshape(nb, CHUNK, steps, STEP_CODES // BLOCK).permute(2, 0, 1, 3)
     scales = scales.reshape(-1).contiguous()
     if fmt in FP6:
-        planes = ([], [])
+        planes = [torch.empty(steps, nb, CHUNK, 4, width, dtype=torch.uint8, device=data.device)
+                  for width in FP6_PLANES]
         for first in range(0, nb, _FP6_TILES_AT_ONCE):
             rows = data[first * CHUNK:(first + _FP6_TILES_AT_ONCE) * CHUNK].view(torch.uint8)
-            lanes = _fp6_pack_tiles(rows, fmt, steps)
+            lanes = _fp6_pack_tiles(rows, fmt, steps).transpose(0, 1)  # step tile row t | byte
             for plane, part in zip(planes, lanes.split(FP6_PLANES, dim=-1)):
-                plane.append(part.reshape(-1))
-        return torch.cat(planes[0] + planes[1]), scales
+                plane[:, first:first + part.shape[1]] = part
+        return torch.cat([plane.reshape(-1) for plane in planes]), scales
     S, J, B = _row_step_shape(fmt)
     codes = data.view(torch.uint8).reshape(nb, CHUNK, steps, S, J, 4, B)
-    codes = codes.permute(0, 2, 1, 5, 3, 4, 6)  # nb step row | t s j b
+    codes = codes.permute(2, 0, 1, 5, 3, 4, 6)  # step nb row | t s j b
     if fmt == dtypes.float4_e2m1:
         codes = _move_fp4_bits(codes.reshape(-1), spread=True)
     return codes.reshape(-1).contiguous(), scales
@@ -244,17 +249,17 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
                          f"{fmt.name} weight [{out_features}, {in_features}] of {describe()}, "
                          f"got shapes {tuple(codes.shape)} and {tuple(scales.shape)}")
     nb, steps = N // CHUNK, K // STEP_CODES
-    exponents = scales.reshape(nb, steps, CHUNK, STEP_CODES // BLOCK).permute(0, 2, 1, 3)
+    exponents = scales.reshape(steps, nb, CHUNK, STEP_CODES // BLOCK).permute(1, 2, 0, 3)
     exponents = exponents.reshape(N, K // BLOCK).to(torch.int32)
     scale = torch.where(exponents == RECOMPUTE, dtypes.E8M0_EXPONENT_NAN_VAL,
                         exponents - MULTIPLIER_EXPONENT[fmt]).to(torch.uint8)
     if fmt in FP6:
         a, b = fp6_planes(codes)
-        lanes = torch.cat([a.reshape(nb, steps, CHUNK, 4, FP6_PLANES[0]),
-                           b.reshape(nb, steps, CHUNK, 4, FP6_PLANES[1])], dim=-1)
-        return scale, _fp6_unpack_tiles(lanes, fmt, steps)
+        lanes = torch.cat([a.reshape(steps, nb, CHUNK, 4, FP6_PLANES[0]),
+                           b.reshape(steps, nb, CHUNK, 4, FP6_PLANES[1])], dim=-1)
+        return scale, _fp6_unpack_tiles(lanes.transpose(0, 1), fmt, steps)
     S, J, B = _row_step_shape(fmt)
     if fmt == dtypes.float4_e2m1:
         codes = _move_fp4_bits(codes, spread=False)
-    data = codes.reshape(nb, steps, CHUNK, 4, S, J, B).permute(0, 2, 1, 4, 5, 3, 6)
+    data = codes.reshape(steps, nb, CHUNK, 4, S, J, B).permute(1, 2, 0, 4, 5, 3, 6)
     return scale, data.reshape(N, -1).contiguous()

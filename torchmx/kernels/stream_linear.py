@@ -11,7 +11,8 @@ N = 1024: 8), written in Gluon (Triton's explicit-layout dialect, _gl_stream.py)
 Triton's language cannot express its warp roles:
 
 - a loader warp brings each step's W codes (one contiguous run of the stream layout; fp6: one
-  run in each of its two planes), x^T [M padded to MP, 128 codes a sub-step] and the blocks'
+  run in each of its two planes; the CTAs go through K at about the same pace, so together
+  they read one region of the step-major layout at a time), x^T [M padded to MP, 128 codes a sub-step] and the blocks'
   multiplier exponents (the stream scales) into a STAGES-slot shared-memory ring by TMA (rows
   of x past M read as zeros);
 - two consumer warpgroups take the ring's slots in turn. Each lane loads its words of a row
@@ -71,7 +72,7 @@ from .byte_gemv import _aligned
 from .matmul import _format_constants, _interpreting, _sm_count
 from .triton_backend import device_capability
 
-__all__ = ["MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
+__all__ = ["MAX_PREFETCH", "MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
            "default_config", "eligible", "fills_waves", "kernel_arguments", "split_k",
            "stream_linear", "usable_on", "wave_fill"]
 
@@ -79,12 +80,17 @@ __all__ = ["MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
 # from H100 sweeps at N = K = 8192 and 1, 16 and 64 rows (benchmarks/bench_stream_linear.py,
 # docs/performance.md); fewer slots where they do not fit in shared memory (fp4 and fp6 at 64
 # rows).
-_PREFERRED = {1: (6, 1), 2: (6, 2), 4: (6, 2)}
+_PREFERRED = {1: (4, 2), 2: (6, 2), 4: (6, 2)}
+# Slots of one sub-step each, where K's steps do not go in pairs: (8, 1) was the fastest
+# single-sub-step ring of the same sweeps for every format.
+_ONE_SUB_STAGES = 8
 # Sub-steps of W (and scales) a CTA asks L2 for before its wait (PDL): of 0, 2, 4 and 8
 # (benchmarks/bench_stream_linear.py --parts pdl) and 6 and 16 (scratch), 4 was the fastest
 # or within noise of it for e4m3, MXFP4 and MXFP6 at 1, 16 and 64 rows (H100, N = K = 8192,
 # back-to-back calls: docs/performance.md).
 _PREFETCH = 4
+# The most sub-steps StreamConfig may prefetch: the loader's prefetches are unrolled.
+MAX_PREFETCH = 16
 # Whether default_config's calls are launched with PDL (the module docstring): set False to
 # launch them as usual (for a side-by-side measurement, or a CUDA stack without PDL).
 USE_PDL = True
@@ -112,8 +118,8 @@ class StreamConfig:
     holding `sub` sub-steps of 128 codes of the tile's 64 rows; `split` CTAs a tile, each
     taking an even share of the tile's slots (split-K). `pdl`: launched with programmatic
     dependent launch (the module docstring), each CTA asking L2 for its first `prefetch`
-    sub-steps (0..64: one L2 prefetch takes less than 1 MiB) of W and scales before it waits
-    for the previous kernel (no prefetch without pdl)."""
+    sub-steps of W and scales (0..MAX_PREFETCH) before it waits for the previous kernel (no
+    prefetch without pdl)."""
     stages: int
     sub: int
     split: int = 1
@@ -122,9 +128,9 @@ class StreamConfig:
 
     def __post_init__(self):
         if (self.stages < 2 or self.stages % 2 or self.sub not in (1, 2)
-                or not 1 <= self.split <= MAX_SPLIT or not 0 <= self.prefetch <= 64):
+                or not 1 <= self.split <= MAX_SPLIT or not 0 <= self.prefetch <= MAX_PREFETCH):
             raise ValueError(f"StreamConfig: stages must be an even number >= 2, sub 1 or 2, "
-                             f"split 1..{MAX_SPLIT} and prefetch 0..64, got {self}")
+                             f"split 1..{MAX_SPLIT} and prefetch 0..{MAX_PREFETCH}, got {self}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -194,9 +200,9 @@ def _slot_bytes(fmt: dtypes.DType, MP: int, sub: int) -> int:
 
 
 def default_config(fmt: dtypes.DType, M: int, K: int, split: int = 1) -> StreamConfig:
-    """`_PREFERRED`'s ring for the format: its sub-steps a slot where K has an even number of
-    steps (at least four), else one; as many of its slots as shared memory holds beside the
-    fp32 partial [64, MP]; `split` CTAs a tile (split_k's); launched with PDL (unless
+    """`_PREFERRED`'s ring for the format where K has an even number of steps (at least four),
+    else `_ONE_SUB_STAGES` slots of one sub-step; as many of its slots as shared memory holds
+    beside the fp32 partial [64, MP]; `split` CTAs a tile (split_k's); launched with PDL (unless
     USE_PDL is False), asking L2 for `_PREFETCH` sub-steps first."""
     if fmt not in stream_layout.FORMATS or not 1 <= M <= 64:
         raise ValueError(f"stream_linear.default_config: takes "
@@ -205,7 +211,7 @@ def default_config(fmt: dtypes.DType, M: int, K: int, split: int = 1) -> StreamC
     stages, sub = _PREFERRED[fmt.codes_per_group]
     steps = K // stream_layout.STEP_CODES
     if steps % 2 or steps < 4:
-        sub = 1
+        stages, sub = _ONE_SUB_STAGES, 1
     MP = _rows_padded(M)
     while stages > 2 and stages * _slot_bytes(fmt, MP, sub) + 64 * MP * 4 > _SHARED_BYTES:
         stages -= 2
@@ -296,14 +302,14 @@ def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias,
     else:  # plane A only (the kernel reads no plane B)
         planes = (codes.view(-1, stream_layout.step_bytes(fmt)),) * 2
     x_box = [MP, stream_layout.STEP_CODES * cfg.sub]
-    w_boxes = [[64 * cfg.sub, plane.shape[1]] for plane in planes]  # rows of sub-steps, a row
+    w_boxes = [[64, plane.shape[1]] for plane in planes]  # a tile's sub-step
     descriptors = tuple(
         TensorDescriptor(plane, list(plane.shape), [box[1], 1], box,
                          gl.NVMMASharedLayout.get_default_for(box, gl.uint8))
         for plane, box in zip(planes, w_boxes)) + (
         TensorDescriptor(x, [M, K], [K, 1], x_box,
                          gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16)),
-        TensorDescriptor(scales2, list(scales2.shape), [sb, 1], [cfg.sub, sb],
+        TensorDescriptor(scales2, list(scales2.shape), [sb, 1], [1, sb],
                          gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8,
                                               rank=2)))
     partials = out  # not read without split-K
