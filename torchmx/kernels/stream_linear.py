@@ -11,10 +11,10 @@ N = 1024: 8), written in Gluon (Triton's explicit-layout dialect, _gl_stream.py)
 Triton's language cannot express its warp roles:
 
 - a loader warp brings each step's W codes (one contiguous run of the stream layout; fp6: one
-  run in each of its two planes; the CTAs go through K at about the same pace, so together
-  they read one region of the step-major layout at a time), x^T [M padded to MP, 128 codes a sub-step] and the blocks'
+  run in each of its two planes), x^T [M padded to MP, 128 codes a sub-step] and the blocks'
   multiplier exponents (the stream scales) into a STAGES-slot shared-memory ring by TMA (rows
-  of x past M read as zeros);
+  of x past M read as zeros); the CTAs go through K at about the same pace, so together they
+  read one region of the step-major layout at a time;
 - two consumer warpgroups take the ring's slots in turn. Each lane loads its words of a row
   (one 16- or 32-byte shared-memory load; fp6: 16 bytes of plane A, 8 of plane B), decodes
   them into exactly its wgmma A registers (value * 2**(s - 127) in bf16: mma_linear's decode
@@ -81,8 +81,9 @@ __all__ = ["MAX_PREFETCH", "MAX_SPLIT", "USE_PDL", "StreamConfig", "available", 
 # docs/performance.md); fewer slots where they do not fit in shared memory (fp4 and fp6 at 64
 # rows).
 _PREFERRED = {1: (4, 2), 2: (6, 2), 4: (6, 2)}
-# Slots of one sub-step each, where K's steps do not go in pairs: (8, 1) was the fastest
-# single-sub-step ring of the same sweeps for every format.
+# Slots of one sub-step each, where K's steps do not go in pairs: of the same sweeps' rings of
+# one sub-step, (8, 1) was the fastest for MXFP4 at 1, 16 and 64 rows and for every format at
+# 64, and within 0.3 us of (6, 1) elsewhere (one-byte codes at 1 and 16 rows, e2m3 at 1).
 _ONE_SUB_STAGES = 8
 # Sub-steps of W (and scales) a CTA asks L2 for before its wait (PDL): of 0, 2, 4 and 8
 # (benchmarks/bench_stream_linear.py --parts pdl) and 6 and 16 (scratch), 4 was the fastest
