@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import cpu_kernels, dtypes
+from ._library import custom_op
 from .numerics import arguments as args
 from .numerics.packing import packed_length
 from .numerics.reference import (
@@ -53,7 +54,7 @@ def _validate_quantize(data_hp, elem_dtype_name, block_size, scale_mode, roundin
     return elem_dtype, args.normalize_block_dim(block_dim, data_hp.dim())
 
 
-@torch.library.custom_op("torchmx::quantize_mx", mutates_args=())
+@custom_op("torchmx::quantize_mx")
 def quantize_mx(
     data_hp: torch.Tensor,
     elem_dtype_name: str,
@@ -98,7 +99,7 @@ def _quantize_mx_fake(data_hp, elem_dtype_name, block_size, *, scale_mode="floor
     return scale, data_hp.new_empty(data_shape, dtype=elem_dtype.storage_dtype)
 
 
-@torch.library.custom_op("torchmx::dequantize_mx", mutates_args=())
+@custom_op("torchmx::dequantize_mx")
 def dequantize_mx(
     data_lp: torch.Tensor,
     shared_exp_e8m0: torch.Tensor,

@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._library import custom_op
 from .. import dtypes
 from ..numerics import arguments as args
 from . import weight_matmul
@@ -60,7 +61,7 @@ def _check_fragment(fragment_codes, fragment_scales, fragment_counters, weight_s
                              weight_scale.device, alignment, "fragment_layout.preshuffle")
 
 
-@torch.library.custom_op("torchmx::mx_fp4_fragment_linear", mutates_args=())
+@custom_op("torchmx::mx_fp4_fragment_linear")
 def mx_fp4_fragment_linear(input: Tensor, fragment_codes: Tensor, fragment_scales: Tensor,
                            fragment_counters: Tensor, fragment_fold: bool, weight_scale: Tensor,
                            weight_data: Tensor, in_features: int, bias: Optional[Tensor],

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._library import custom_op
 from ..mx_tensor import MXTensor, dequantize
 from ..numerics.arguments import HIGH_PRECISION_DTYPES
 from . import layout, strict, weight_matmul
@@ -55,7 +56,7 @@ def _compute(self, other, bias, alpha, beta, out_dtype):
     return product.to(out_dtype).contiguous()
 
 
-@torch.library.custom_op("torchmx::mx_matmul", mutates_args=())
+@custom_op("torchmx::mx_matmul")
 def mx_matmul(self: Tensor, other: Tensor, bias: Optional[Tensor] = None, *,
               out_dtype: torch.dtype, alpha: float = 1.0, beta: float = 1.0) -> Tensor:
     """round_to(out_dtype, alpha * (self @ other) + beta * bias), computed in fp32 (torch.matmul's
@@ -73,7 +74,7 @@ def _linear_other(weight: Tensor) -> Tensor:
     return weight.t() if weight.dim() == 2 else weight
 
 
-@torch.library.custom_op("torchmx::mx_linear", mutates_args=())
+@custom_op("torchmx::mx_linear")
 def mx_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
               out_dtype: torch.dtype) -> Tensor:
     """F.linear as mx_matmul(input, weight.t(), bias, out_dtype=out_dtype): one rounding of the

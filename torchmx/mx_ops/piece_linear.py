@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._library import custom_op
 from .. import dtypes
 from . import weight_matmul
 
@@ -59,7 +60,7 @@ def _piece_rows(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
             and matmul._int32_offsets(x, weight_data, weight_scale, rows) else None)
 
 
-@torch.library.custom_op("torchmx::mx_piece_linear", mutates_args=())
+@custom_op("torchmx::mx_piece_linear")
 def mx_piece_linear(input: Tensor, piece_codes: Tensor, piece_scales: Tensor,
                     piece_counters: Tensor, weight_scale: Tensor, weight_data: Tensor,
                     elem_dtype_name: str, in_features: int, bias: Optional[Tensor],

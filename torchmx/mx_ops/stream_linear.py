@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._library import custom_op
 from .. import dtypes
 from . import weight_matmul
 
@@ -64,7 +65,7 @@ def _stream_rows(input: Tensor, weight_scale: Tensor, fmt: dtypes.DType,
             and stream_linear.fills_waves(fmt, N, K, x.device, rows) else None)
 
 
-@torch.library.custom_op("torchmx::mx_stream_linear", mutates_args=())
+@custom_op("torchmx::mx_stream_linear")
 def mx_stream_linear(input: Tensor, stream_codes: Tensor, stream_scales: Tensor,
                      stream_counters: Tensor, weight_scale: Tensor, weight_data: Tensor,
                      elem_dtype_name: str, in_features: int, bias: Optional[Tensor],

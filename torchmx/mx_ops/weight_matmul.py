@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._library import custom_op
 from .. import dtypes
 from ..mx_tensor import MXTensor, dequantize
 from ..numerics import arguments as args
@@ -72,7 +73,7 @@ def _check_parts(input, weight_scale, weight_data, elem_dtype_name, block_size, 
     return fmt
 
 
-@torch.library.custom_op("torchmx::mx_weight_linear", mutates_args=())
+@custom_op("torchmx::mx_weight_linear")
 def mx_weight_linear(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
                      elem_dtype_name: str, block_size: int, in_features: int,
                      bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
@@ -96,7 +97,7 @@ def _mx_weight_linear_fake(input, weight_scale, weight_data, elem_dtype_name, bl
     return input.new_empty((*input.shape[:-1], weight_scale.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("torchmx::mx_mx_linear", mutates_args=())
+@custom_op("torchmx::mx_mx_linear")
 def mx_mx_linear(input_scale: Tensor, input_data: Tensor, weight_scale: Tensor,
                  weight_data: Tensor, input_dtype_name: str, weight_dtype_name: str,
                  in_features: int) -> Tensor:
