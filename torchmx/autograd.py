@@ -59,6 +59,17 @@ def saturated(data_hp: torch.Tensor, tensor: "_mx.MXTensor") -> torch.Tensor:
     return (data_hp.reshape(limit.shape).float().abs() > limit).reshape(data_hp.shape)
 
 
+def quantize_checked(data_hp, elem_dtype, block_size, scale_mode, rounding, block_dim, seed,
+                     ste) -> "_mx.MXTensor":
+    """The forward of ToMXConstrFunc: every argument validated, then the MXTensor."""
+    name, axis = check_quantize_arguments(data_hp, elem_dtype, block_size, scale_mode, rounding,
+                                          block_dim)
+    if ste not in _mx.STE_MODES:
+        raise ValueError(f"ste must be one of {', '.join(_mx.STE_MODES)}; got {ste!r}")
+    seed = resolve_seed(seed, rounding)
+    return _mx.quantize(data_hp, name, block_size, scale_mode, rounding, axis, seed)
+
+
 class ToMXConstrFunc(torch.autograd.Function):
     """Differentiable cast to MX; straight-through estimator in backward.
 
@@ -69,12 +80,8 @@ class ToMXConstrFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, data_hp, elem_dtype, block_size=32, scale_mode="floor", rounding="even",
                 block_dim=-1, seed=None, ste="identity"):
-        name, axis = check_quantize_arguments(data_hp, elem_dtype, block_size, scale_mode,
-                                              rounding, block_dim)
-        if ste not in _mx.STE_MODES:
-            raise ValueError(f"ste must be one of {', '.join(_mx.STE_MODES)}; got {ste!r}")
-        seed = resolve_seed(seed, rounding)
-        out = _mx.quantize(data_hp, name, block_size, scale_mode, rounding, axis, seed)
+        out = quantize_checked(data_hp, elem_dtype, block_size, scale_mode, rounding, block_dim,
+                               seed, ste)
         ctx.clipped = ste == "clipped"
         if ctx.clipped:
             ctx.save_for_backward(saturated(data_hp, out))

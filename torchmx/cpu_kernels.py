@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from typing import Optional, Tuple
 
@@ -86,6 +87,13 @@ def available() -> bool:
     return _library() is not None
 
 
+@functools.lru_cache(maxsize=None)
+def _entry_points() -> Tuple:
+    """(quantize, dequantize): the C functions, looked up once."""
+    lib = _library()
+    return lib.mx_quantize_rows, lib.mx_dequantize_rows
+
+
 _HUGE_PAGE = 1 << 21
 _MADV_HUGEPAGE = 14
 
@@ -107,6 +115,8 @@ def _new_output(shape, dtype: torch.dtype) -> torch.Tensor:
     fewer (what PyTorch's THP_MEM_ALLOC_ENABLE does for every allocation).
     """
     out = torch.empty(shape, dtype=dtype)
+    if out.numel() * out.element_size() < 3 * _HUGE_PAGE:
+        return out
     begin = (out.data_ptr() + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
     end = (out.data_ptr() + out.numel() * out.element_size()) & ~(_HUGE_PAGE - 1)
     if sys.platform == "linux" and end - begin >= 2 * _HUGE_PAGE and _madvise() is not None:
@@ -114,14 +124,31 @@ def _new_output(shape, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _format(elem_dtype: dtypes.DType) -> _Format:
-    return _Format(elem_dtype.kind == "int", elem_dtype.bits, elem_dtype.mantissa_bits,
-                   elem_dtype.min_exponent, elem_dtype.emax, elem_dtype.max_code, elem_dtype.max,
-                   elem_dtype.codes_per_group, elem_dtype.bytes_per_group)
+_FORMATS = {}  # format name -> its _Format passed by reference (names identify formats)
 
 
-@functools.lru_cache(maxsize=None)
+def _format(elem_dtype: dtypes.DType):
+    """ctypes.byref of the C description of `elem_dtype`, built once per format."""
+    fmt = _FORMATS.get(elem_dtype.name)
+    if fmt is None:
+        struct = _Format(elem_dtype.kind == "int", elem_dtype.bits, elem_dtype.mantissa_bits,
+                         elem_dtype.min_exponent, elem_dtype.emax, elem_dtype.max_code,
+                         elem_dtype.max, elem_dtype.codes_per_group, elem_dtype.bytes_per_group)
+        fmt = _FORMATS[elem_dtype.name] = (struct, ctypes.byref(struct))
+    return fmt[1]
+
+
+_TABLES = {}  # (format name, target dtype) -> _dequantize_table
+
+
+def _table(elem_dtype: dtypes.DType, target_dtype: torch.dtype) -> torch.Tensor:
+    key = (elem_dtype.name, target_dtype)
+    table = _TABLES.get(key)
+    if table is None:
+        table = _TABLES[key] = _dequantize_table(elem_dtype, target_dtype)
+    return table
+
+
 def _dequantize_table(elem_dtype: dtypes.DType, target_dtype: torch.dtype) -> torch.Tensor:
     """table[b, code] = decode(code) * 2**(b - 127) rounded once to target_dtype, by the reference."""
     codes = torch.arange(1 << elem_dtype.bits, dtype=torch.int32)
@@ -137,9 +164,35 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
 
 
+_KEPT_SCRATCH = 1 << 16  # elements per row up to which a thread keeps its buffers
+
+
+class _Scratch(threading.local):
+    """Per-thread work buffers of the C kernels, grown as needed and kept: a fresh pair per
+    call costs more host time than a small call's arithmetic."""
+    values = codes = long = None
+
+    def get(self, n: int) -> Tuple[int, int]:
+        """Addresses of >= 2n fp32 values and >= n bytes, valid until this thread's next call."""
+        if self.codes is None or self.codes.numel() < n:
+            values = torch.empty(2 * n, dtype=torch.float32)
+            codes = torch.empty(n, dtype=torch.uint8)
+            if n > _KEPT_SCRATCH:  # long rows: not kept for the life of the thread
+                self.long = values, codes
+                return values.data_ptr(), codes.data_ptr()
+            self.values, self.codes = values, codes
+        return self.values.data_ptr(), self.codes.data_ptr()
+
+
+_scratch = _Scratch()
+
+
 def _run_rows(rows: int, elements_per_row: int, call) -> None:
     """call(begin, end) over row chunks, in parallel when the work is large enough."""
     work = rows * max(elements_per_row, 1)
+    if work < 2 * _MIN_ELEMENTS_PER_THREAD:
+        call(0, rows)
+        return
     chunks = max(1, min(torch.get_num_threads(), rows, work // _MIN_ELEMENTS_PER_THREAD))
     bounds = [rows * i // chunks for i in range(chunks + 1)]
     if chunks == 1:
@@ -151,7 +204,14 @@ def _run_rows(rows: int, elements_per_row: int, call) -> None:
 
 
 def _split(shape, axis) -> Tuple[int, int, int]:
+    if axis == len(shape) - 1:
+        return math.prod(shape[:axis]), shape[axis], 1
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+
+
+_SCALE_MODE_CODES = {name: i for i, name in enumerate(SCALE_MODES)}
+_ROUNDING_CODES = {name: i for i, name in enumerate(ROUNDING_MODES)}
+_NO_SEED_KEY = seed_key(0)
 
 
 def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, scale_mode: str,
@@ -166,14 +226,15 @@ def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, s
     data = _new_output(data_shape, elem_dtype.storage_dtype)
     if x.numel() == 0:
         return scale, data
-    fmt, key = _format(elem_dtype), seed_key(seed or 0)
-    mode, rnd = SCALE_MODES.index(scale_mode), ROUNDING_MODES.index(rounding)
+    fmt, key = _format(elem_dtype), _NO_SEED_KEY if seed is None else seed_key(seed)
+    mode, rnd = _SCALE_MODE_CODES[scale_mode], _ROUNDING_CODES[rounding]
+    quantize_rows = _entry_points()[0]
 
     def call(begin, end):
-        values, codes = torch.empty(2 * n, dtype=torch.float32), torch.empty(n, dtype=torch.uint8)
-        _library().mx_quantize_rows(x.data_ptr(), _INPUT_CODES[x.dtype], n, inner, begin, end,
-                                    ctypes.byref(fmt), block_size, mode, rnd, key, scale.data_ptr(),
-                                    data.data_ptr(), values.data_ptr(), codes.data_ptr())
+        values, codes = _scratch.get(n)
+        quantize_rows(x.data_ptr(), _INPUT_CODES[x.dtype], n, inner, begin, end, fmt,
+                      block_size, mode, rnd, key, scale.data_ptr(), data.data_ptr(), values,
+                      codes)
 
     _run_rows(outer * inner, n, call)
     return scale, data
@@ -189,15 +250,14 @@ def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes
     out = _new_output(out_shape, target_dtype)
     if out.numel() == 0:
         return out
-    table = _dequantize_table(elem_dtype, target_dtype)
+    table = _table(elem_dtype, target_dtype)
     fmt = _format(elem_dtype)
+    dequantize_rows = _entry_points()[1]
 
     def call(begin, end):
-        scratch = torch.empty(n, dtype=torch.uint8)
-        _library().mx_dequantize_rows(data.data_ptr(), scale.data_ptr(), n, inner, begin, end,
-                                      ctypes.byref(fmt), block_size, table.data_ptr(),
-                                      table.shape[1], table.element_size(), out.data_ptr(),
-                                      scratch.data_ptr())
+        dequantize_rows(data.data_ptr(), scale.data_ptr(), n, inner, begin, end, fmt,
+                        block_size, table.data_ptr(), table.shape[1], table.element_size(),
+                        out.data_ptr(), _scratch.get(n)[1])
 
     _run_rows(outer * inner, n, call)
     return out

@@ -17,6 +17,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import dtypes
+from ._eager import short_path
 from .mx_ops import _registry, layout
 from .mx_ops.strict import MXLayoutWarning, reset_layout_warning, set_strict_matmul, strict_matmul
 from .numerics import arguments as args
@@ -258,8 +259,11 @@ class MXTensor(torch.Tensor):
             raise TypeError("data_hp is already an MXTensor; call .dequantize() first to "
                             "requantize")
         name = args.check_elem_dtype(elem_dtype).name
-        return _to_mx(data_hp, name, block_size, scale_mode, rounding, block_dim,
-                      _autograd.resolve_seed(seed, rounding), ste)
+        seed = _autograd.resolve_seed(seed, rounding)
+        if isinstance(data_hp, torch.Tensor) and short_path(data_hp):
+            return _autograd.quantize_checked(data_hp, name, block_size, scale_mode, rounding,
+                                              block_dim, seed, ste)
+        return _to_mx(data_hp, name, block_size, scale_mode, rounding, block_dim, seed, ste)
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The exact MX values, rounded once to `dtype` (default: the logical dtype).
@@ -367,8 +371,14 @@ def _to_mx(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim
 
 
 @torch._dynamo.allow_in_graph
-def _from_mx(tensor, dtype):
+def _from_mx_function(tensor, dtype):
     return FromMXConstrFunc.apply(tensor, dtype)
+
+
+def _from_mx(tensor, dtype):
+    if short_path(tensor):
+        return dequantize(tensor, _autograd.check_dequantize_dtype(dtype))
+    return _from_mx_function(tensor, dtype)
 
 
 from .mx_ops import fallback, matmul, storage, views  # noqa: E402,F401  (registers the table)

@@ -7,6 +7,7 @@ numerics: the C kernels on CPU, the Triton kernels on CUDA, the reference anywhe
 when a backend is unavailable). Set TORCHMX_BACKEND=reference to force the reference.
 """
 
+import functools
 import os
 from typing import Optional, Tuple
 
@@ -25,6 +26,7 @@ from .numerics.reference import (
 __all__ = ["quantize_mx", "dequantize_mx", "backend_for"]
 
 
+@functools.lru_cache(maxsize=None)
 def _triton_kernels():
     """The Triton backend module, or None when Triton (or the module) is not available."""
     try:
@@ -38,8 +40,8 @@ def backend_for(device: torch.device) -> str:
     """Name of the backend the ops use on `device`: "cpu", "triton" or "reference"."""
     if os.environ.get("TORCHMX_BACKEND") == "reference":
         return "reference"
-    if device.type == "cpu" and cpu_kernels.available():
-        return "cpu"
+    if device.type == "cpu":
+        return "cpu" if cpu_kernels.available() else "reference"
     if device.type == "cuda" and _triton_kernels() is not None:
         return "triton"
     return "reference"

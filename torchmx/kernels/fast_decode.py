@@ -1,4 +1,5 @@
-"""What the tensor-core kernels' one-multiply decode takes exactly (no Triton needed).
+"""What the tensor-core kernels' one-multiply decode takes exactly, and the tile shape of
+their weights (no Triton needed: the layouts import it on machines without Triton).
 
 The Hopper kernels (mma_linear, piece / stream / mx_gemm) decode a code by placing its bits
 in a bf16 (the format's value times a fixed power of two) and multiplying by one bf16
@@ -10,7 +11,12 @@ mma_linear._multiplier_where computes it.
 
 from .. import dtypes
 
-__all__ = ["FAST_SCALES", "MULTIPLIER_EXPONENT"]
+__all__ = ["FAST_SCALES", "MULTIPLIER_EXPONENT", "CHUNK", "UNITS"]
+
+CHUNK = 64  # rows of W per wgmma A tile
+# Per codes a packed group (fmt.codes_per_group: 1, 2 fp4, 4 fp6): the codes and bytes of a
+# row in a unit, of which each of the four lanes of a quad loads a quarter (a piece).
+UNITS = {1: (64, 64), 2: (128, 64), 4: (128, 96)}
 
 # Scale bytes s for which the decode's one multiply is exact: 2**(s - 7) (e4m3) or 2**(s - 15)
 # (e5m2) is a normal bf16 (s <= 134 / 142), and the format's smallest step times 2**(s - 127)

@@ -69,17 +69,14 @@ from .. import dtypes
 from ..numerics import arguments as args
 from ._tl_numerics import decode_value, scale_value
 from .byte_gemv import _aligned
-from .fast_decode import FAST_SCALES, MULTIPLIER_EXPONENT
+from .fast_decode import CHUNK, FAST_SCALES, MULTIPLIER_EXPONENT, UNITS
+from .piece_layout import check_pieces
 from .fragment_matmul import check_tile, split_steps, store_out, store_split, usable_on
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
 
 __all__ = ["MmaConfig", "FAST_SCALES", "check_pieces", "default_config", "eligible", "mma_linear"]
 
-CHUNK = 64  # rows of W per wgmma A tile
-# Per codes a packed group (fmt.codes_per_group: 1, 2 fp4, 4 fp6): the codes and bytes of a
-# row in a unit, of which each of the four lanes of a quad loads a quarter (a piece).
-UNITS = {1: (64, 64), 2: (128, 64), 4: (128, 96)}
 _FORMATS = "e4m3, e5m2, e2m3, e3m2, e2m1 or int8"
 
 # FAST_SCALES (fast_decode.py): the scale bytes for which the decode's one multiply is exact.
@@ -809,27 +806,6 @@ def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_siz
             and N > 0 and K > 0 and N % CHUNK == 0 and K % max(unit, block_size) == 0
             and w_data.stride(1) == 1 and w_data.stride(0) % 16 == 0
             and _aligned(x) and _aligned(w_data) and usable_on(x.device))
-
-
-def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
-                 device: torch.device, op: str = "mma_linear") -> None:
-    """ValueError unless `pieces` is (codes, scales, counters): piece_layout.pack's codes and
-    scales of this weight [N, K] and int32 counters, one a 64-row tile, all contiguous 1-d
-    tensors on `device`."""
-    from . import piece_layout  # it imports this module
-    if not piece_layout.fits(fmt, block_size, N, K):
-        raise ValueError(f"{op}: the piece layout needs a weight of {piece_layout.describe()}, "
-                         f"got {fmt.name} [{N}, {K}] in blocks of {block_size}")
-    if not isinstance(pieces, (tuple, list)) or len(pieces) != 3:
-        got = (f"a {type(pieces).__name__} of {len(pieces)}" if isinstance(pieces, (tuple, list))
-               else type(pieces).__name__)
-        raise ValueError(f"{op}: pieces must be (codes, scales, counters), got {got}")
-    expected = [(N * K * fmt.bytes_per_group // fmt.codes_per_group, torch.uint8, 16),
-                (N * K // piece_layout.BLOCK, torch.uint8, 1), (N // CHUNK, torch.int32, 4)]
-    for name, t, (numel, dtype, alignment) in zip(("codes", "scales", "counters"), pieces,
-                                                 expected):
-        args.check_flat_part(t, f"{op}: the pieces' {name}", numel, dtype, device, alignment,
-                             "piece_layout.pack")
 
 
 def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,

@@ -25,9 +25,9 @@ import torch
 
 from .. import dtypes
 from ..numerics import arguments as args
-from .mma_linear import CHUNK, FAST_SCALES, UNITS
+from .fast_decode import CHUNK, FAST_SCALES, UNITS
 
-__all__ = ["CHUNK", "FORMATS", "describe", "fits", "pack", "unpack", "unit"]
+__all__ = ["CHUNK", "FORMATS", "check_pieces", "describe", "fits", "pack", "unpack", "unit"]
 
 BLOCK = 32
 FORMATS = tuple(FAST_SCALES)  # mma_linear's formats
@@ -86,3 +86,23 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
     data = codes.reshape(nb, kb, 4, 2, 8, 4, piece).permute(0, 2, 3, 4, 1, 5, 6)
     scale = scales.reshape(nb, kb, 4, 8, blocks, 2).permute(0, 2, 5, 3, 1, 4)
     return scale.reshape(N, K // BLOCK).contiguous(), data.reshape(N, -1).contiguous()
+
+
+def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
+                 device: torch.device, op: str = "mma_linear") -> None:
+    """ValueError unless `pieces` is (codes, scales, counters): piece_layout.pack's codes and
+    scales of this weight [N, K] and int32 counters, one a 64-row tile, all contiguous 1-d
+    tensors on `device`."""
+    if not fits(fmt, block_size, N, K):
+        raise ValueError(f"{op}: the piece layout needs a weight of {describe()}, "
+                         f"got {fmt.name} [{N}, {K}] in blocks of {block_size}")
+    if not isinstance(pieces, (tuple, list)) or len(pieces) != 3:
+        got = (f"a {type(pieces).__name__} of {len(pieces)}" if isinstance(pieces, (tuple, list))
+               else type(pieces).__name__)
+        raise ValueError(f"{op}: pieces must be (codes, scales, counters), got {got}")
+    expected = [(N * K * fmt.bytes_per_group // fmt.codes_per_group, torch.uint8, 16),
+                (N * K // BLOCK, torch.uint8, 1), (N // CHUNK, torch.int32, 4)]
+    for name, t, (numel, dtype, alignment) in zip(("codes", "scales", "counters"), pieces,
+                                                 expected):
+        args.check_flat_part(t, f"{op}: the pieces' {name}", numel, dtype, device, alignment,
+                             "piece_layout.pack")

@@ -38,11 +38,12 @@ FRAGMENT_ROWS = range(2, 65)
 
 def uses_fragment_kernel(input: Tensor, out_dtype: torch.dtype) -> bool:
     """Whether mx_fp4_fragment_linear runs the fragment kernel for this input."""
-    from ..kernels import fragment_matmul
     rows = input.numel() // input.shape[-1] if input.dim() and input.shape[-1] else 0
-    return (rows in FRAGMENT_ROWS and input.dtype == torch.bfloat16 == out_dtype
-            and weight_matmul._kernels_usable(input.device)
-            and fragment_matmul.usable_on(input.device))
+    if not (rows in FRAGMENT_ROWS and input.dtype == torch.bfloat16 == out_dtype
+            and weight_matmul._kernels_usable(input.device)):
+        return False
+    from ..kernels import fragment_matmul  # imports Triton: only where the kernels run
+    return fragment_matmul.usable_on(input.device)
 
 
 def _check_fragment(fragment_codes, fragment_scales, fragment_counters, weight_scale,

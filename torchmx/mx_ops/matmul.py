@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._eager import short_path
 from .._library import custom_op
 from ..mx_tensor import MXTensor, dequantize
 from ..numerics.arguments import HIGH_PRECISION_DTYPES
@@ -204,18 +205,27 @@ def _mx_matmul_handler(func, args, kwargs):
                 alpha=v["alpha"], beta=v["beta"])
 
 
+def _linear(x, w, bias, dtype: torch.dtype, out_dtype: torch.dtype, direct: bool) -> Tensor:
+    """mx_linear on MX operands of logical dtype `dtype`: the MX-weight kernels where they
+    apply, else the exact product of the dequantized operands (by mx_matmul's body itself
+    when `direct`, on the short path of _eager.py)."""
+    if dtype == out_dtype:
+        fast = weight_matmul.route_linear(x, w, bias, out_dtype=dtype)
+        if fast is not None:
+            return fast
+    x, w = _exact("linear", "input", x, -1), _exact("linear", "weight", w, -1)
+    bias = _exact("linear", "bias", bias, None)
+    if direct:
+        return _compute(x, _linear_other(w), bias, 1.0, 1.0, out_dtype)
+    return _call(x, _linear_other(w), bias, out_dtype=out_dtype)
+
+
 @implements(torch.ops.torchmx.mx_linear.default)
 def _mx_linear_handler(func, args, kwargs):
     v = bind(func, args, kwargs)
     x, w, bias = v["input"], v["weight"], v["bias"]
     dtype = _logical_dtype("linear", {"input": x, "weight": w, "bias": bias})
-    if dtype == v["out_dtype"]:
-        fast = weight_matmul.route_linear(x, w, bias, out_dtype=dtype)
-        if fast is not None:
-            return fast
-    x, w = _exact("linear", "input", x, -1), _exact("linear", "weight", w, -1)
-    return _call(x, _linear_other(w), _exact("linear", "bias", bias, None),
-                 out_dtype=v["out_dtype"])
+    return _linear(x, w, bias, dtype, v["out_dtype"], direct=False)
 
 
 # aten op -> (its operands as (argument name, reduction dim: an int, a function of the operand,
@@ -293,8 +303,14 @@ def _no_out(name, kwargs):
 @implements_torch_function(F.linear)
 def _linear_function(func, args, kwargs):
     v = dict(zip(("input", "weight", "bias"), args), **kwargs)
+    x, w, bias = v["input"], v["weight"], v.get("bias")
+    if short_path(x, w, bias):  # what mx_linear's MXTensor handler runs, without the layers
+        # MXTensor's metadata (dim, shape, dtype) without a __torch_function__ round trip each
+        with torch._C.DisableTorchFunctionSubclass():
+            dtype = _logical_dtype("linear", v)
+            return _linear(x, w, bias, dtype, dtype, direct=True)
     dtype = _logical_dtype("linear", v)
-    return torch.ops.torchmx.mx_linear(v["input"], v["weight"], v.get("bias"), out_dtype=dtype)
+    return torch.ops.torchmx.mx_linear(x, w, bias, out_dtype=dtype)
 
 
 @implements_torch_function(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)

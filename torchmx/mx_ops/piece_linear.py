@@ -46,13 +46,13 @@ def _piece_rows(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
                 fmt: dtypes.DType) -> Optional[Tensor]:
     """input as the contiguous [rows, K] matrix the piece kernel takes, or None where it does
     not run."""
-    from ..kernels import matmul, mma_linear
     if not input.dim() or not input.shape[-1] or fmt.codes_per_group not in PIECE_ROWS:
         return None
     rows = input.numel() // input.shape[-1]
     if rows not in PIECE_ROWS[fmt.codes_per_group] or not weight_matmul._kernels_usable(
             input.device):
         return None
+    from ..kernels import matmul, mma_linear  # imports Triton: only where the kernels run
     # at most 64 rows: a cheap copy keeps the kernel's offsets small and unit-stride
     x = input.reshape(rows, input.shape[-1]).contiguous()
     # the kernel indexes in 32 bits (the pieces span as many bytes as weight_data)
@@ -67,18 +67,19 @@ def mx_piece_linear(input: Tensor, piece_codes: Tensor, piece_scales: Tensor,
                     out_dtype: torch.dtype) -> Tensor:
     """F.linear(input, W, bias) rounded once to out_dtype, W the MX weight (blocks of 32) given
     both ways (see the module docstring)."""
-    from ..kernels import mma_linear
+    from ..kernels import piece_layout
     fmt = weight_matmul._check_parts(input, weight_scale, weight_data, elem_dtype_name, 32,
                                      in_features, bias, out_dtype, op="mx_piece_linear")
     N = weight_scale.shape[0]
     pieces = (piece_codes, piece_scales, piece_counters)
-    mma_linear.check_pieces(pieces, fmt, 32, N, in_features, weight_scale.device,
-                            op="mx_piece_linear")
+    piece_layout.check_pieces(pieces, fmt, 32, N, in_features, weight_scale.device,
+                              op="mx_piece_linear")
     x = _piece_rows(input, weight_scale, weight_data, fmt)
     if x is None:
         return torch.ops.torchmx.mx_weight_linear(input, weight_scale, weight_data,
                                                   elem_dtype_name, 32, in_features, bias,
                                                   out_dtype)
+    from ..kernels import mma_linear  # imports Triton: only where the kernel runs
     bias = bias.contiguous() if bias is not None else None
     out = mma_linear.mma_linear(x, weight_scale, weight_data, fmt, 32, bias, out_dtype,
                                 pieces=pieces)

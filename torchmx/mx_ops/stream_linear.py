@@ -48,7 +48,6 @@ def _stream_rows(input: Tensor, weight_scale: Tensor, fmt: dtypes.DType,
                  out_dtype: torch.dtype) -> Optional[Tensor]:
     """input as the contiguous [rows, K] matrix the kernel takes, or None where it does not
     run."""
-    from ..kernels import stream_linear
     if (not input.dim() or not input.shape[-1] or fmt.codes_per_group not in STREAM_ROWS
             or out_dtype not in (torch.bfloat16, torch.float32)):
         return None
@@ -56,6 +55,7 @@ def _stream_rows(input: Tensor, weight_scale: Tensor, fmt: dtypes.DType,
     if (rows not in STREAM_ROWS[fmt.codes_per_group]
             or not weight_matmul._kernels_usable(input.device)):
         return None
+    from ..kernels import stream_linear  # imports Triton: only where the kernels run
     # at most 64 rows: a cheap copy gives TMA its unit-stride, 16-byte aligned rows
     x = input.reshape(rows, input.shape[-1])
     if not x.is_contiguous() or x.data_ptr() % 16:

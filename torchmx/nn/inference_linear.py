@@ -8,6 +8,7 @@ At forward the buffers are viewed as an MXTensor (`.weight`), the input is quant
 exact product, fp32 accumulation; a fused kernel where one exists).
 """
 
+import weakref
 from typing import List, Optional
 
 import torch
@@ -15,8 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import dtypes
+from .._eager import short_path
 from ..config import QLinearConfig
-from ..kernels import fragment_layout, piece_layout, stream_layout, stream_linear
+from ..kernels import fragment_layout, piece_layout, stream_layout
 from ..mx_ops.fragment_linear import mx_fp4_fragment_linear  # noqa: F401 - registers the op
 from ..mx_ops.piece_linear import mx_piece_linear  # noqa: F401 - registers the op
 from ..mx_ops.stream_linear import mx_stream_linear  # noqa: F401 - registers the op
@@ -87,6 +89,9 @@ def _stream_layout_wanted(fmt: dtypes.DType, out_features: int, in_features: int
     this format on `device`: an sm_90 GPU where Triton has Gluon, with the kernel's CTAs (its
     64-row tiles, times the split of K) filling enough of the GPU's waves
     (stream_linear.fills_waves). Elsewhere the fragment and piece kernels are the faster."""
+    if device.type != "cuda":
+        return False
+    from ..kernels import stream_linear  # imports Triton: asked only for CUDA weights
     return (stream_linear.usable_on(device)
             and stream_linear.fills_waves(fmt, out_features, in_features, device))
 
@@ -107,6 +112,11 @@ def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
         if layout.fits(fmt, block, out_features, in_features):
             return layout
     return None
+
+
+# layer -> {dtype: (weight source, the weight viewed as an MXTensor)}: outside the layer, so
+# that it is neither pickled, copied nor moved with it.
+_WEIGHT_VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class MXInferenceLinear(nn.Module):
@@ -302,16 +312,32 @@ class MXInferenceLinear(nn.Module):
         bias = self.bias
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)  # differentiable: the gradient reaches the bias in its dtype
+        compiling = torch.compiler.is_compiling()
+        source = None if compiling else self._weight_source()
         fragment = None
         if self.weight_fragment_codes is not None:
-            if not torch.compiler.is_compiling() and self._fragment_source != self._weight_source():
+            if not compiling and self._fragment_source != source:
                 self.prepack()  # the weight buffers were written or replaced since
             fragment = (self._fragment_layout, self.weight_fragment_codes,
                         self.weight_fragment_scales,
                         self.weight_fragment_counters, self._fragment_fold,
                         self.qconfig.weights_config.elem_dtype_name)
-        return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
-                                           self.qconfig.activations_config, fragment)
+        if compiling:
+            return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
+                                               self.qconfig.activations_config, fragment)
+        weight = self._weight_view(x.dtype, source)
+        if short_path(x, bias):
+            return _packed_linear(x, weight, bias, self.qconfig.activations_config, fragment)
+        return _PackedLinearFunction.apply(x, weight, bias, self.qconfig.activations_config,
+                                           fragment)
+
+    def _weight_view(self, dtype: torch.dtype, source: tuple) -> MXTensor:
+        """`_weight_mx(dtype)`, built once per dtype and weight buffers (`source`)."""
+        views = _WEIGHT_VIEWS.setdefault(self, {})
+        cached = views.get(dtype)
+        if cached is None or cached[0] != source:
+            cached = views[dtype] = (source, self._weight_mx(dtype))
+        return cached[1]
 
     def to_float(self, dtype: Optional[torch.dtype] = None) -> nn.Linear:
         """A plain nn.Linear holding the dequantized weight in `dtype` (default weight_dtype).
