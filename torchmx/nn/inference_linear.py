@@ -332,11 +332,13 @@ class MXInferenceLinear(nn.Module):
                                            fragment)
 
     def _weight_view(self, dtype: torch.dtype, source: tuple) -> MXTensor:
-        """`_weight_mx(dtype)`, built once per dtype and weight buffers (`source`)."""
+        """`_weight_mx(dtype)`, built once per dtype and weight buffers (`source`); one made
+        under inference mode is an inference tensor, which autograd may not save: kept apart."""
         views = _WEIGHT_VIEWS.setdefault(self, {})
-        cached = views.get(dtype)
+        key = (dtype, torch.is_inference_mode_enabled())
+        cached = views.get(key)
         if cached is None or cached[0] != source:
-            cached = views[dtype] = (source, self._weight_mx(dtype))
+            cached = views[key] = (source, self._weight_mx(dtype))
         return cached[1]
 
     def to_float(self, dtype: Optional[torch.dtype] = None) -> nn.Linear:

@@ -1,0 +1,230 @@
+"""Host cost per call of every public entry point, and a Llama MLP decode three ways.
+
+    python benchmarks/bench_overhead.py                 # CPU (one thread) and, if present, CUDA
+    python benchmarks/bench_overhead.py --device cuda --mlp --large-m
+    python benchmarks/bench_overhead.py --save          # also writes benchmarks/results/
+
+1. Host cost: the wall time of a loop of calls on a tiny tensor (1 x 64 on CPU, 16 x 64 on
+   CUDA, a 64 x 64 weight), synchronized once at the end, next to `x + 1` and the bf16 / fp32
+   counterpart on the same device, with issue #8's target ratio.
+2. --mlp (CUDA): 4 Llama MLP blocks (hidden 4096, intermediate 14336, SiLU-gated), batch 1
+   and 16 rows of decode, bf16 against `quantize_linear_` MXFP4 and MXFP8 weights, in eager,
+   `torch.compile` (default mode) and `torch.compile(mode="reduce-overhead")` (CUDA graphs).
+   Every MX output is first compared bit for bit across the three modes; a difference is
+   printed as NOT BIT-IDENTICAL.
+3. --large-m (CUDA): F.linear of 8192 rows with an MXFP4 weight [8192, 8192], eager, against
+   eager cuBLAS bf16 on the dequantized weight (the results must be equal bit for bit).
+"""
+
+import argparse
+import datetime
+import io
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchmx
+from torchmx import MXTensor
+from torchmx.config import MXConfig, QLinearConfig
+from torchmx.kernels import quantize_mx_rowwise_colwise
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def host_us(fn, device, calls=400, rounds=7) -> float:
+    """Median over rounds of the wall time per call of a loop of `calls` calls."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(20):
+        fn()
+    sync()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
+def entry_points(device: torch.device):
+    """(name, call, baseline name, target ratio) of every public entry point."""
+    rows = 1 if device.type == "cpu" else 16
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    x = torch.randn(rows, 64, device=device, dtype=dtype)
+    w = torch.randn(64, 64, device=device, dtype=dtype)
+    fmt = "float4_e2m1"
+    scale, data = torch.ops.torchmx.quantize_mx(x, fmt, 32)
+    x_mx = MXTensor.to_mx(x, fmt)
+    w_mx = MXTensor.to_mx(w, fmt)
+    linear = nn.Linear(64, 64, device=device, dtype=dtype)
+    weight_only = QLinearConfig(MXConfig(fmt), None)
+    packed = torchmx.MXInferenceLinear.from_float(linear, weight_only)
+    qat = torchmx.MXLinear.from_float(linear, weight_only) if hasattr(
+        torchmx.MXLinear, "from_float") else None
+    cpu = device.type == "cpu"
+    ops = torch.ops.torchmx
+    cases = [
+        ("quantize_mx", lambda: ops.quantize_mx(x, fmt, 32), "x + 1", 5 if cpu else 2.5),
+        ("dequantize_mx", lambda: ops.dequantize_mx(data, scale, fmt, 32, dtype), "x + 1",
+         5 if cpu else 2.5),
+        ("MXTensor.to_mx", lambda: MXTensor.to_mx(x, fmt), "x + 1", 8 if cpu else 3.5),
+        (".dequantize()", lambda: x_mx.dequantize(), "x + 1", 5 if cpu else 2.5),
+        ("F.linear(x, w_mx)", lambda: F.linear(x, w_mx), "F.linear", 8 if cpu else 3),
+        ("MXInferenceLinear", lambda: packed(x), "nn.Linear", 5 if cpu else 3),
+        ("row+column quantize", lambda: quantize_mx_rowwise_colwise(w, fmt), "x + 1", None),
+    ]
+    if qat is not None:
+        cases.append(("MXLinear (QAT)", lambda: qat(x), "nn.Linear", None))
+    baselines = {"x + 1": lambda: x + 1, "F.linear": lambda: F.linear(x, w),
+                 "nn.Linear": lambda: linear(x)}
+    return cases, baselines
+
+
+def host_table(device: torch.device, out) -> None:
+    cases, baselines = entry_points(device)
+    base = {name: host_us(fn, device) for name, fn in baselines.items()}
+    print(f"\nhost cost per call on {device.type} (us; tiny tensors, grad mode on, "
+          f"{torch.get_num_threads()} thread(s))", file=out)
+    print(f"{'call':<22}{'us':>9}  {'baseline':<11}{'us':>8}{'ratio':>8}{'target':>8}", file=out)
+    for name, fn, base_name, target in cases:
+        us = host_us(fn, device)
+        ratio = us / base[base_name]
+        verdict = "" if target is None else f"<= {target:g}" + (" ok" if ratio <= target else " MISS")
+        print(f"{name:<22}{us:9.1f}  {base_name:<11}{base[base_name]:8.1f}{ratio:8.2f}x "
+              f"{verdict}", file=out)
+
+
+def _mlp_blocks(hidden, intermediate, blocks, device):
+    layers = []
+    for _ in range(blocks):
+        layers.append(nn.ModuleDict({
+            "gate": nn.Linear(hidden, intermediate, bias=False),
+            "up": nn.Linear(hidden, intermediate, bias=False),
+            "down": nn.Linear(intermediate, hidden, bias=False)}))
+    return nn.ModuleList(layers).to(device=device, dtype=torch.bfloat16)
+
+
+class MLPStack(nn.Module):
+    def __init__(self, hidden=4096, intermediate=14336, blocks=4, device="cuda"):
+        super().__init__()
+        self.blocks = _mlp_blocks(hidden, intermediate, blocks, device)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + b["down"](F.silu(b["gate"](x)) * b["up"](x))
+        return x
+
+
+def _gpu_time_us(fn, calls=50, rounds=9) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
+def mlp_table(out) -> None:
+    import copy
+    torch.manual_seed(0)
+    reference = MLPStack()
+    models = {"bf16": reference}
+    for fmt, name in (("float4_e2m1", "MXFP4"), ("float8_e4m3", "MXFP8")):
+        model = copy.deepcopy(reference)
+        torchmx.quantize_linear_(model, QLinearConfig(MXConfig(fmt), None))
+        models[name] = model
+    print("\n4 Llama MLP blocks (H 4096, I 14336), decode, wall time per forward (us), "
+          "torch.no_grad()", file=out)
+    print(f"{'rows':>4} {'weights':<7}{'eager':>10}{'compile':>10}{'graphs':>10}"
+          f"{'  vs bf16: eager / compile / graphs'}", file=out)
+    with torch.no_grad():
+        for rows in (1, 16):
+            x = torch.randn(1, rows, 4096, device="cuda", dtype=torch.bfloat16)
+            times = {}
+            for name, model in models.items():
+                torch._dynamo.reset()
+                compiled = torch.compile(model)
+                graphs = torch.compile(model, mode="reduce-overhead")
+                eager_out = model(x)
+                if name != "bf16":
+                    for mode, fn in (("compile", compiled), ("graphs", graphs)):
+                        y = fn(x).clone()
+                        if not torch.equal(y, eager_out):
+                            diff = (y.float() - eager_out.float()).abs().max().item()
+                            print(f"NOT BIT-IDENTICAL: {name}, {rows} rows, {mode} differs "
+                                  f"from eager (max |diff| {diff:.3g})", file=out)
+                times[name] = [_gpu_time_us(lambda: model(x)), _gpu_time_us(lambda: compiled(x)),
+                               _gpu_time_us(lambda: graphs(x))]
+            for name, (e, c, g) in times.items():
+                b = times["bf16"]
+                print(f"{rows:>4} {name:<7}{e:10.1f}{c:10.1f}{g:10.1f}   "
+                      f"{b[0] / e:5.2f}x / {b[1] / c:5.2f}x / {b[2] / g:5.2f}x", file=out)
+
+
+def large_m_table(out) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    w_mx = MXTensor.to_mx(w, "float4_e2m1")
+    w_hat = w_mx.dequantize()
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        if not torch.equal(F.linear(x, w_mx), F.linear(x, w_hat)):
+            raise SystemExit("8192 rows: the MX linear differs from cuBLAS on the dequantized W")
+        mx = _gpu_time_us(lambda: F.linear(x, w_mx), calls=10, rounds=5)
+        bf16 = _gpu_time_us(lambda: F.linear(x, w_hat), calls=10, rounds=5)
+    print(f"\n8192 x 8192 x 8192, eager: MXFP4 weight {mx:.0f} us, cuBLAS bf16 on the "
+          f"dequantized weight {bf16:.0f} us: {mx / bf16:.3f}x (target <= 1.05x)", file=out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="all")
+    parser.add_argument("--mlp", action="store_true", help="the MLP decode table (CUDA)")
+    parser.add_argument("--large-m", action="store_true", help="8192 rows (CUDA)")
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/")
+    options = parser.parse_args()
+    out = io.StringIO()
+
+    class Tee:
+        def write(self, text):
+            sys.stdout.write(text)
+            out.write(text)
+
+    tee = Tee()
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    print(f"bench_overhead, {datetime.date.today()}, torch {torch.__version__}, torchmx "
+          f"{torchmx.__version__}, CPU {platform.processor() or platform.machine()}, {gpu}",
+          file=tee)
+    if options.device in ("cpu", "all"):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        host_table(torch.device("cpu"), tee)
+        torch.set_num_threads(threads)
+    if options.device in ("cuda", "all") and torch.cuda.is_available():
+        host_table(torch.device("cuda"), tee)
+        if options.mlp:
+            mlp_table(tee)
+        if options.large_m:
+            large_m_table(tee)
+    if options.save:
+        RESULTS.mkdir(exist_ok=True)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+        path = RESULTS / f"overhead_{datetime.date.today()}_{name}.txt"
+        path.write_text(out.getvalue())
+        print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()
