@@ -74,3 +74,40 @@ def test_inference_linear_short_path(fmt, prepack, rows):
     with torch.no_grad(), no_host_sync():
         got = layer(x)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_launch_cache_tells_specializations_apart(fmt):
+    """kernels/_launch.py reuses a compiled kernel only for arguments of its specialization:
+    calls alternating aligned and unaligned tensors, sizes 1, 16 and others, each equal the
+    reference numerics."""
+    from torchmx.numerics.reference import dequantize_mx_reference, quantize_mx_reference
+    from torchmx import dtypes
+    torch.manual_seed(1)
+    base = torch.randn(33 * 160 + 1, device="cuda", dtype=torch.bfloat16)
+    for rows, offset in [(16, 0), (16, 1), (1, 0), (1, 3), (33, 0), (33, 1), (16, 0)]:
+        x = base[offset:offset + rows * 160].view(rows, 160)
+        scale, data = torch.ops.torchmx.quantize_mx(x, fmt, 32)
+        ref_scale, ref_data = quantize_mx_reference(x.cpu(), dtypes.from_name(fmt), 32)
+        assert torch.equal(scale.cpu(), ref_scale) and torch.equal(
+            data.cpu().view(torch.uint8), ref_data.view(torch.uint8)), (rows, offset)
+        values = torch.ops.torchmx.dequantize_mx(data, scale, fmt, 32, torch.bfloat16)
+        expected = dequantize_mx_reference(ref_data, ref_scale, dtypes.from_name(fmt), 32,
+                                           torch.bfloat16, 1)
+        assert torch.equal(values.cpu(), expected), (rows, offset)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_linear_launch_cache_across_rows(fmt):
+    torch.manual_seed(2)
+    w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    w_mx = MXTensor.to_mx(w, fmt)
+    w_hat = w_mx.dequantize(torch.float32)
+    base = torch.randn(70 * 512 + 8, device="cuda", dtype=torch.bfloat16)
+    for rows, offset in [(1, 0), (1, 8), (2, 0), (16, 0), (16, 8), (64, 0), (65, 0), (1, 0)]:
+        x = base[offset:offset + rows * 512].view(rows, 512)
+        with torch.no_grad():
+            got = F.linear(x, w_mx)
+        expected = (x.float() @ w_hat.t()).to(torch.bfloat16)  # exact products, fp32 sums
+        assert torch.allclose(got.float(), expected.float(), rtol=2**-7, atol=1e-2), (rows, offset)
+        assert torch.equal(got, full_path_linear(x, w_mx)), (rows, offset)

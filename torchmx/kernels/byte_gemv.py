@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from .. import dtypes
+from ._launch import launch
 from ._tl_numerics import decode_value, scale_value, to_output
 from .matmul import _format_constants, _interpreting, _sm_count
 from .matmul_kernels import _fp16_pair_to_f32, reduce_splits_kernel
@@ -305,7 +306,7 @@ def byte_gemv(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt:
     partials = (torch.empty((split, N), dtype=torch.float32, device=x.device) if split > 1
                 else out)
     interpreter = _interpreting()
-    byte_gemv_kernel[(triton.cdiv(N, cfg.block_n), split)](
+    launch(byte_gemv_kernel, (triton.cdiv(N, cfg.block_n), split),
         x, w_data, w_scale, bias if bias is not None else out, out, partials, N, K,
         steps_per_split, w_data.stride(0), w_scale.stride(0), w_scale.stride(1),
         BLOCK=block_size, BLOCK_N=cfg.block_n, PIECES=cfg.pieces, SPLIT=split,
@@ -314,7 +315,7 @@ def byte_gemv(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt:
         INTERPRETER=interpreter, num_warps=cfg.num_warps, **_format_constants(fmt))
     if split > 1:
         reduce_block = 1024
-        reduce_splits_kernel[(triton.cdiv(N, reduce_block),)](
+        launch(reduce_splits_kernel, (triton.cdiv(N, reduce_block),),
             partials, bias if bias is not None else out, out, 1, N, out.stride(0), out.stride(1),
             SPLIT_K=split, BLOCK=reduce_block, HAS_BIAS=bias is not None,
             INTERPRETER=interpreter)

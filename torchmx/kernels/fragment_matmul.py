@@ -45,6 +45,7 @@ from ._tl_numerics import to_output
 from .fragment_layout import CHUNK
 from .matmul import _block_m, _interpreting, _sm_count
 from .triton_backend import device_capability
+from ._launch import launch
 
 __all__ = ["FragmentConfig", "default_config", "fragment_linear", "store_out", "store_split",
            "usable_on"]
@@ -399,7 +400,7 @@ def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     partials = (torch.empty((split, cfg.block_m, N), dtype=torch.float32, device=x.device)
                 if split > 1 else out)
     grid = (N // (CHUNK * cfg.v), split)
-    fp4_fragment_matmul_kernel[grid](
+    launch(fp4_fragment_matmul_kernel, grid,
         x, codes, scales, bias if bias is not None else out, out, partials, counters,
         M, N, K, steps, x.stride(0), out.stride(0),
         BLOCK_M=cfg.block_m, V=cfg.v, U=cfg.u, SPLIT=split, FOLD=fold,

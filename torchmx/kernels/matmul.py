@@ -38,6 +38,7 @@ from typing import Optional
 import torch
 
 from .. import dtypes
+from ._launch import launch
 
 __all__ = ["SMALL_M", "supported", "linear", "fused_linear", "dequantized_linear", "Config"]
 
@@ -220,7 +221,7 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     interpreter = _interpreting()
     fast = _fast_decode(fmt, x.device, cfg.variant, _whole_words(fmt, w_data, K))
     words = _read_words(fmt, w_data, K, cfg.variant, fast)
-    kernels.mx_weight_matmul_kernel[grid](
+    launch(kernels.mx_weight_matmul_kernel, grid,
         x, w_data, w_scale, bias if bias is not None else out, out, ws,
         M, N, K, blocks_k, per_split,
         x.stride(0), x.stride(1), w_data.stride(0), w_data.stride(1),
@@ -233,7 +234,7 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     )
     if split_k > 1:
         block = 1024
-        kernels.reduce_splits_kernel[(-(-M * N // block),)](
+        launch(kernels.reduce_splits_kernel, (-(-M * N // block),),
             ws, bias if bias is not None else out, out, M, N, out.stride(0), out.stride(1),
             SPLIT_K=split_k, BLOCK=block, HAS_BIAS=bias is not None, INTERPRETER=interpreter)
     return out

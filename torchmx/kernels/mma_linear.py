@@ -74,6 +74,7 @@ from .piece_layout import check_pieces
 from .fragment_matmul import check_tile, split_steps, store_out, store_split, usable_on
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
+from ._launch import launch
 
 __all__ = ["MmaConfig", "FAST_SCALES", "check_pieces", "default_config", "eligible", "mma_linear"]
 
@@ -847,7 +848,7 @@ def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
                 if split > 1 else out)
     piece_codes, piece_scales, counters = pieces if pieces is not None else (w_data, w_scale, out)
     low, high = FAST_SCALES[fmt]
-    mma_linear_kernel[(N // (CHUNK * cfg.v), split)](
+    launch(mma_linear_kernel, (N // (CHUNK * cfg.v), split),
         x, w_data, w_scale, piece_codes, piece_scales, counters,
         bias if bias is not None else out, out, partials,
         M, N, K, steps, x.stride(0), w_data.stride(0), w_scale.stride(0), w_scale.stride(1),
@@ -858,7 +859,7 @@ def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
         **({} if cfg.maxnreg is None or interpreter else {"maxnreg": cfg.maxnreg}))
     if split > 1 and pieces is None:
         block = 1024
-        reduce_splits_kernel[(triton.cdiv(M * N, block),)](
+        launch(reduce_splits_kernel, (triton.cdiv(M * N, block),),
             partials, bias if bias is not None else out, out, M, N, out.stride(0), out.stride(1),
             SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None, INTERPRETER=interpreter)
     return out

@@ -28,6 +28,7 @@ from .. import dtypes
 from ..numerics.packing import packed_length
 from ..numerics.rounding import ROUNDING_MODES, seed_key
 from ..numerics.scale import SCALE_MODES
+from ._launch import launch
 
 __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "TUNING"]
 
@@ -337,7 +338,7 @@ def _launch_quantize(x3, view, strides, scale, data, fmt, block_size, scale_mode
         tile_r, tile_nb, warps = _thread_rows_tile("quantize_rows_thread", blocks, B * R)
         tiles_r, tiles_c = _cdiv(R, tile_r), _cdiv(blocks, tile_nb)
         grid, grid_kind = _grid(B, tiles_r, tiles_c)
-        tq.quantize_rows_thread_kernel[grid](
+        launch(tq.quantize_rows_thread_kernel, grid,
             x3, scale, data, R, C, strides[0], strides[1], tiles_r, tiles_c, blocks,
             groups * (3 if cpg == 4 else 1), _signed32(key), CW=cw, TILE_R=tile_r,
             TILE_NB=tile_nb, GRID=grid_kind, num_warps=warps, **common)
@@ -346,14 +347,14 @@ def _launch_quantize(x3, view, strides, scale, data, fmt, block_size, scale_mode
         tile_r, tile_nb, warps = _rows_tile("quantize_rows", block_p, blocks, B * R)
         tiles_r, tiles_c = _cdiv(R, tile_r), _cdiv(blocks, tile_nb)
         grid, grid_kind = _grid(B, tiles_r, tiles_c)
-        tq.quantize_rows_kernel[grid](
+        launch(tq.quantize_rows_kernel, grid,
             x3, scale, data, R, C, *strides, tiles_r, tiles_c, blocks, groups, _signed32(key),
             TILE_R=tile_r, TILE_NB=tile_nb, GRID=grid_kind, num_warps=warps, **common)
     else:
         tile_nb, tile_c, vec, warps = _cols_tile("quantize_cols", block_p, blocks, C)
         tiles_r, tiles_c = _cdiv(blocks, tile_nb), _cdiv(C, tile_c)
         grid, grid_kind = _grid(B, tiles_r, tiles_c)
-        tq.quantize_cols_kernel[grid](
+        launch(tq.quantize_cols_kernel, grid,
             x3, scale, data, R, C, *strides, tiles_r, tiles_c, blocks, groups, _signed32(key),
             TILE_NB=tile_nb, TILE_C=tile_c, VEC=vec, GRID=grid_kind, num_warps=warps, **common)
 
@@ -365,9 +366,8 @@ def _pack(codes: torch.Tensor, out: torch.Tensor, fmt: dtypes.DType, outer: int,
     total = outer * groups * inner
     tile = 1024
     kernel = tp.unpack_kernel if unpack else tp.pack_kernel
-    kernel[(_cdiv(total, tile),)](codes, out, n, inner, groups, total, BITS=fmt.bits,
-                                  CPG=fmt.codes_per_group, BPG=fmt.bytes_per_group, TILE=tile,
-                                  num_warps=4)
+    launch(kernel, (_cdiv(total, tile),), codes, out, n, inner, groups, total, BITS=fmt.bits,
+           CPG=fmt.codes_per_group, BPG=fmt.bytes_per_group, TILE=tile, num_warps=4)
 
 
 def _output_shapes(shape, axis, n, block_size, fmt):
@@ -446,7 +446,7 @@ def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes
         tiles_r, tiles_c = _cdiv(outer, tile_r), _cdiv(n // 8, tile_ch)
         grid, grid_kind = _grid(1, tiles_r, tiles_c)
         constants = {k: v for k, v in _decode_constants(fmt).items() if k != "BIAS"}
-        td.dequantize_fp6_rows_kernel[grid](
+        launch(td.dequantize_fp6_rows_kernel, grid,
             data, scale, out, outer, n, tiles_r, tiles_c, blocks, n // 8 * 6, BLOCK=block_size,
             TILE_R=tile_r, TILE_CH=tile_ch, I64=i64, GRID=grid_kind, SOFT_BF16=_interpreting(),
             num_warps=cfg["num_warps"], **constants)
@@ -455,14 +455,14 @@ def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes
         tile_r, tile_nb, warps = _rows_tile("dequantize_rows", block_p, blocks, outer)
         tiles_r, tiles_c = _cdiv(outer, tile_r), _cdiv(blocks, tile_nb)
         grid, grid_kind = _grid(1, tiles_r, tiles_c)
-        td.dequantize_rows_kernel[grid](
+        launch(td.dequantize_rows_kernel, grid,
             data, scale, out, outer, n, tiles_r, tiles_c, blocks, groups,
             TILE_R=tile_r, TILE_NB=tile_nb, GRID=grid_kind, num_warps=warps, **common)
     else:
         tile_nb, tile_c, _, warps = _cols_tile("dequantize_cols", block_p, blocks, inner)
         tiles_r, tiles_c = _cdiv(blocks, tile_nb), _cdiv(inner, tile_c)
         grid, grid_kind = _grid(outer, tiles_r, tiles_c)
-        td.dequantize_cols_kernel[grid](
+        launch(td.dequantize_cols_kernel, grid,
             data, scale, out, n, inner, tiles_r, tiles_c, blocks, groups,
             TILE_NB=tile_nb, TILE_C=tile_c, GRID=grid_kind, num_warps=warps, **common)
     return out
@@ -522,7 +522,7 @@ def quantize_rowwise_colwise(x: torch.Tensor, elem_dtype: dtypes.DType, block_si
     elif x.dtype not in (torch.bfloat16, torch.float16):
         enc = min(enc, 1)
     launch = {"maxnreg": cfg["maxnreg"]} if enc == 2 and cfg.get("maxnreg") else {}
-    tq.quantize_fused_kernel[grid](
+    launch(tq.quantize_fused_kernel, grid,
         x3, scale_r, data_r.view(torch.uint8), scale_c, data_c.view(torch.uint8), R, C, *strides,
         tiles_r, tiles_c, blocks_r, blocks_c, _cdiv(R, cpg), _cdiv(C, cpg), _signed32(key),
         BLOCK=block_size, TILE_NBR=nbr, TILE_NBC=nbc, VEC=vec, I64=i64, GRID=grid_kind, CPG=cpg,
@@ -576,7 +576,7 @@ def _quantize_rows_pairs(x3, shape, strides, scale, data, fmt, block_size, scale
     grid, grid_kind = _grid(B, tiles_r, tiles_c)
     words, (stride_b, stride_r), consts = _pair_launch(x3, shape, strides, fmt, block_size,
                                                       scale_mode)
-    _pair_kernels().quantize_rows_pairs_kernel[grid](
+    launch(_pair_kernels().quantize_rows_pairs_kernel, grid,
         words, scale, data, R, stride_b, stride_r, tiles_r, tiles_c, blocks,
         packed_length(C, fmt), TILE_R=tile_r, TILE_NB=tile_nb,
         I64=_needs_i64(_span(x3), x3.numel(), data.numel(), scale.numel()), GRID=grid_kind,
@@ -595,7 +595,7 @@ def _quantize_fused_pairs(x3, shape, strides, fmt, block_size, scale_mode, scale
     grid, grid_kind = _grid(B, tiles_r, tiles_c)
     words, (stride_b, stride_r), consts = _pair_launch(x3, shape, strides, fmt, block_size,
                                                       scale_mode)
-    _pair_kernels().quantize_fused_pairs_kernel[grid](
+    launch(_pair_kernels().quantize_fused_pairs_kernel, grid,
         words, scale_r, data_r.view(torch.uint8), scale_c.view(torch.int16),
         data_c.view(torch.uint8).view(torch.int16), R, C // 2, stride_b, stride_r,
         tiles_r, tiles_c, blocks_r, blocks_c, _cdiv(R, cpg), packed_length(C, fmt),
