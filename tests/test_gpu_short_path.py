@@ -111,3 +111,50 @@ def test_linear_launch_cache_across_rows(fmt):
         expected = (x.float() @ w_hat.t()).to(torch.bfloat16)  # exact products, fp32 sums
         assert torch.allclose(got.float(), expected.float(), rtol=2**-7, atol=1e-2), (rows, offset)
         assert torch.equal(got, full_path_linear(x, w_mx)), (rows, offset)
+
+
+def test_launch_keys_refine_tritons(monkeypatch):
+    """Every pair of launches that kernels/_launch.py sends to one compiled kernel has one
+    Triton cache key too (a sweep of formats, dtypes, shapes, axes, scale modes and linears)."""
+    from triton.runtime.jit import compute_cache_key
+
+    from torchmx.kernels import _launch, byte_gemv, fragment_matmul, matmul, mma_linear
+    from torchmx.kernels import triton_backend
+
+    triton_keys = {}
+    real_launch = _launch.launch
+
+    def checked(kernel, grid, *args, **kwargs):
+        if hasattr(kernel, "device_caches"):
+            device = torch.cuda.current_device()
+            _, key_cache, _, _, binder = kernel.device_caches[device]
+            _, specialization, options = binder(*args, **kwargs)
+            triton_key = compute_cache_key(key_cache, specialization, options)
+            names, known, defaults, constexpr = _launch._signature(kernel)
+            values = list(args) + [kwargs[n] if n in kwargs else defaults[n]
+                                   for n in names[len(args):]]
+            ours = (kernel, tuple(map(_launch._specialization, values, constexpr)),
+                    tuple(sorted((k, v) for k, v in kwargs.items() if k not in known)))
+            assert triton_keys.setdefault(ours, triton_key) == triton_key, kernel.fn.__name__
+        real_launch(kernel, grid, *args, **kwargs)
+
+    for module in (byte_gemv, fragment_matmul, matmul, mma_linear, triton_backend):
+        monkeypatch.setattr(module, "launch", checked)
+    torch.manual_seed(3)
+    for fmt in FORMATS:
+        for shape in [(16, 4096), (1, 64), (3, 100), (64, 8192)]:
+            for dtype in (torch.bfloat16, torch.float32, torch.float16):
+                x = torch.randn(shape, device="cuda", dtype=dtype)
+                for axis in (-1, 0):
+                    for mode in ("floor", "rceil"):
+                        scale, data = torch.ops.torchmx.quantize_mx(x, fmt, 32, scale_mode=mode,
+                                                                    block_dim=axis)
+                        torch.ops.torchmx.dequantize_mx(data, scale, fmt, 32, dtype, axis,
+                                                        block_dim_size=x.shape[axis])
+        for n, k in [(1024, 1024), (256, 512), (4096, 1024)]:
+            w_mx = MXTensor.to_mx(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), fmt)
+            for rows in (1, 2, 16, 64, 65):
+                with torch.no_grad():
+                    F.linear(torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), w_mx)
+    torch.cuda.synchronize()
+    assert len(triton_keys) > 20

@@ -4,8 +4,8 @@
 hashes the result into a cache key and looks the compiled kernel up: about 15 us of host time
 per launch for this project's argument lists, as much as the GPU spends on a small quantize.
 `launch(kernel, grid, *args, **kwargs)` keeps the compiled kernel under a key that refines
-Triton's own (each tensor's dtype and 16-byte alignment; each int's range, whether it is 1,
-and whether 16 divides it; every other value itself), so a second call with arguments of the
+Triton's own (each constexpr's value; each tensor's dtype and 16-byte alignment; each int's
+range, whether it is 1, and whether 16 divides it; every other value itself), so a second call with arguments of the
 same specialization calls the compiled kernel directly, as `CompiledKernel[grid](...)` does.
 
 Off CUDA (Triton's interpreter) and while a launch hook is installed (Triton's profilers),
@@ -19,7 +19,7 @@ import torch
 __all__ = ["launch"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
-_SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default})
+_SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
 
 
 def _signature(kernel):
@@ -28,12 +28,16 @@ def _signature(kernel):
         params = inspect.signature(kernel.fn).parameters
         defaults = {name: p.default for name, p in params.items()
                     if p.default is not inspect.Parameter.empty}
-        signature = _SIGNATURES[kernel] = (tuple(params), frozenset(params), defaults)
+        constexpr = tuple(p.is_constexpr for p in kernel.params)
+        signature = _SIGNATURES[kernel] = (tuple(params), frozenset(params), defaults, constexpr)
     return signature
 
 
-def _specialization(value):
-    """What Triton's specializer can tell apart about `value`, or more."""
+def _specialization(value, constexpr: bool):
+    """What Triton's specializer can tell apart about `value` (a constexpr: the value), or
+    more."""
+    if constexpr:
+        return value
     if isinstance(value, torch.Tensor):
         return value.dtype, value.data_ptr() & 15 == 0
     if type(value) is int:
@@ -53,13 +57,13 @@ def launch(kernel, grid, *args, **kwargs) -> None:
     if not hasattr(kernel, "device_caches") or _hooks_installed():  # interpreter, profilers
         kernel[grid](*args, **kwargs)
         return
-    names, known, defaults = _signature(kernel)
+    names, known, defaults, constexpr = _signature(kernel)
     values = list(args)
     for name in names[len(args):]:
         values.append(kwargs[name] if name in kwargs else defaults[name])
     options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in known))
     device = torch.cuda.current_device()
-    key = (kernel, device, options, tuple(map(_specialization, values)))
+    key = (kernel, device, options, tuple(map(_specialization, values, constexpr)))
     compiled = _COMPILED.get(key)
     if compiled is None:
         _COMPILED[key] = kernel[grid](*args, **kwargs)
