@@ -64,7 +64,9 @@ _BLOCK_SIZES = (32, 64, 128, 256)
 _DTYPE_RANGE = {torch.bfloat16: (7, 127, -133), torch.float16: (10, 15, -24)}
 
 
+@functools.lru_cache(maxsize=None)
 def _interpreting() -> bool:
+    """Triton's interpreter: Triton reads the variable once, when a kernel is decorated."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 

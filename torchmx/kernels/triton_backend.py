@@ -82,7 +82,9 @@ def available() -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=None)
 def _interpreting() -> bool:
+    """Triton's interpreter: Triton reads the variable once, when a kernel is decorated."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
