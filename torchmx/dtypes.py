@@ -8,7 +8,7 @@ codes, how codes are packed into bytes) is a field or a property of `DType`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Union
 
 import torch
@@ -60,6 +60,17 @@ class DType:
     has_nan: bool
     has_inf: bool
     torch_dtype: Optional[torch.dtype] = None
+
+    def __post_init__(self):
+        # Formats are compared and hashed on every kernel call (dict keys, ==): the fields'
+        # tuple is built once instead of at each comparison.
+        object.__setattr__(self, "_key", tuple(getattr(self, f.name) for f in fields(self)))
+
+    def __eq__(self, other) -> bool:
+        return self is other or (type(other) is DType and self._key == other._key)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
 
     @property
     def bits(self) -> int:
