@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from . import dtypes
+from . import dtypes, ops as _ops
 from ._eager import short_path
 from .mx_ops import _registry, layout
 from .mx_ops.strict import MXLayoutWarning, reset_layout_warning, set_strict_matmul, strict_matmul
@@ -333,9 +333,9 @@ torch.serialization.add_safe_globals([_rebuild_mx_tensor])
 def quantize(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim,
              seed) -> MXTensor:
     """MXTensor holding torch.ops.torchmx.quantize_mx(data_hp, ...) (no autograd)."""
-    scale, data = torch.ops.torchmx.quantize_mx(
-        data_hp, elem_dtype_name, block_size, scale_mode=scale_mode, rounding=rounding,
-        block_dim=block_dim, seed=seed)
+    quantize_mx = _ops.quantize_mx.fn if short_path() else torch.ops.torchmx.quantize_mx
+    scale, data = quantize_mx(data_hp, elem_dtype_name, block_size, scale_mode=scale_mode,
+                              rounding=rounding, block_dim=block_dim, seed=seed)
     axis = args.normalize_block_dim(block_dim, data_hp.dim())
     return _wrap(scale, data, dtypes.from_name(elem_dtype_name), block_size, data_hp.dtype, axis,
                  scale_mode, data_hp.shape)
@@ -351,9 +351,9 @@ def dequantize(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
     data, scale, axis = tensor._data, tensor._scale_e8m0, tensor._block_dim
     if order != sorted(order):
         data, scale, axis = data.permute(order), scale.permute(order), order.index(axis)
-    out = torch.ops.torchmx.dequantize_mx(data, scale, tensor._elem_dtype.name,
-                                          tensor._block_size, dtype, axis,
-                                          block_dim_size=tensor._block_dim_size)
+    dequantize_mx = _ops.dequantize_mx.fn if short_path() else torch.ops.torchmx.dequantize_mx
+    out = dequantize_mx(data, scale, tensor._elem_dtype.name, tensor._block_size, dtype, axis,
+                        block_dim_size=tensor._block_dim_size)
     if order != sorted(order):
         out = out.permute([order.index(d) for d in range(len(order))])
     return out.reshape(()) if tensor.dim() == 0 else out

@@ -299,9 +299,18 @@ def _pipeline_bounds(M: int, N: int, K: int) -> Optional[list]:
     return bounds if len(bounds) > 2 else None
 
 
+def _dequantize(w_data, w_scale, fmt, block_size, K):
+    """W [N, K] dequantized to bf16 (the operator's body itself where nothing traces the
+    call: _eager.short_path)."""
+    from .. import ops
+    from .._eager import short_path
+    dequantize_mx = ops.dequantize_mx.fn if short_path() else torch.ops.torchmx.dequantize_mx
+    return dequantize_mx(w_data, w_scale, fmt.name, block_size, torch.bfloat16, 1,
+                         block_dim_size=K)
+
+
 def _dequantize_rows(w_data, w_scale, fmt, block_size, K, r0, r1):
-    return torch.ops.torchmx.dequantize_mx(w_data[r0:r1], w_scale[r0:r1], fmt.name, block_size,
-                                           torch.bfloat16, 1, block_dim_size=K)
+    return _dequantize(w_data[r0:r1], w_scale[r0:r1], fmt, block_size, K)
 
 
 def _pipelined_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
@@ -345,8 +354,7 @@ def dequantized_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Ten
     if bounds is not None:
         with _fp32_reductions():
             return _pipelined_linear(x, w_scale, w_data, fmt, block_size, K, bounds)
-    w = torch.ops.torchmx.dequantize_mx(w_data, w_scale, fmt.name, block_size, torch.bfloat16,
-                                        1, block_dim_size=K).t()
+    w = _dequantize(w_data, w_scale, fmt, block_size, K).t()
     with _fp32_reductions():
         if bf16 and x.shape[0] > SMALL_M:
             return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
@@ -365,23 +373,56 @@ def dequantized_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Ten
         return acc.to(out_dtype)
 
 
+_ROUTES = {}  # what `_route` depends on -> (route, its config)
+
+
+def _route(x2: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
+           block_size: int, K: int):
+    """("byte_gemv" | "mma" | "fused" | "dequantized", config): the path for this product, a
+    pure function of the operands' formats, shapes, strides, alignments and device."""
+    from . import byte_gemv, mma_linear  # mma_linear imports this module
+
+    M, (N, blocks_k) = x2.shape[0], w_scale.shape
+    fused = (M <= SMALL_M and _int32_offsets(x2, w_data, w_scale, M)
+             and (fmt.codes_per_group != 4 or (M <= ROWS_MAX_M and _whole_words(fmt, w_data, K))
+                  or mma_linear.eligible(x2, w_data, fmt, block_size)))
+    if x2.device.type == "cuda" and not fused:
+        return "dequantized", None
+    if byte_gemv.eligible(x2, w_data, fmt, block_size):
+        return "byte_gemv", byte_gemv.default_config(N, K, x2.device)
+    if mma_linear.eligible(x2, w_data, fmt, block_size):
+        return "mma", mma_linear.default_config(fmt, M, N, K, block_size, x2.device)
+    if M == 0 or N == 0 or K == 0:
+        return "fused", None
+    return "fused", _default_config(fmt, M, N, blocks_k, x2.dtype, x2.device)
+
+
 def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
            block_size: int, K: int, bias: Optional[torch.Tensor],
            out_dtype: torch.dtype) -> torch.Tensor:
-    """x [..., K] @ W.T + bias, W [N, K] in MX (see the module docstring)."""
+    """x [..., K] @ W.T + bias, W [N, K] in MX (see the module docstring). The path is decided
+    once for each combination of what it depends on (`_route`) and looked up after."""
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     if M <= SMALL_M:  # a few rows: a cheap copy keeps the kernel's offsets small and unit-stride
         x2 = x2.contiguous()
     if bias is not None:  # the kernels index the bias with unit stride
         bias = bias.contiguous()
-    from . import mma_linear  # it imports this module
-
-    fused = (M <= SMALL_M and _int32_offsets(x2, w_data, w_scale, M)
-             and (fmt.codes_per_group != 4 or (M <= ROWS_MAX_M and _whole_words(fmt, w_data, K))
-                  or mma_linear.eligible(x2, w_data, fmt, block_size)))
-    if x.device.type != "cuda" or fused:
-        out = fused_linear(x2, w_scale, w_data, fmt, block_size, bias, out_dtype)
-    else:
+    key = (fmt, block_size, K, x2.shape, x2.stride(), x2.dtype, x2.data_ptr() & 15, x2.device,
+           w_data.shape, w_data.stride(), w_data.data_ptr() & 15, w_scale.shape,
+           w_scale.stride())
+    route = _ROUTES.get(key)
+    if route is None:
+        route = _ROUTES[key] = _route(x2, w_scale, w_data, fmt, block_size, K)
+    path, config = route
+    if path == "dequantized":
         out = dequantized_linear(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
+    elif path == "byte_gemv":
+        from .byte_gemv import byte_gemv
+        out = byte_gemv(x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config)
+    elif path == "mma":
+        from .mma_linear import mma_linear
+        out = mma_linear(x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config)
+    else:
+        out = fused_linear(x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config)
     return out.reshape(*x.shape[:-1], w_scale.shape[0])

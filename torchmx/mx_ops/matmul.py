@@ -49,7 +49,8 @@ def _compute(self, other, bias, alpha, beta, out_dtype):
     if alpha != 1:
         product = product * alpha
     if bias is not None and beta != 0:
-        if torch.broadcast_shapes(bias.shape, product.shape) != product.shape:
+        linear_bias = bias.dim() == 1 and product.dim() > 0 and bias.shape[0] == product.shape[-1]
+        if not linear_bias and torch.broadcast_shapes(bias.shape, product.shape) != product.shape:
             raise RuntimeError(f"mx_matmul: bias of shape {tuple(bias.shape)} does not broadcast "
                                f"to the product's shape {tuple(product.shape)}")
         bias = bias.float()
