@@ -72,5 +72,6 @@ def test_c_kernels_under_address_and_undefined_behavior_sanitizers(tmp_path):
     assert "sweep passed" in run.stdout, log
     # The canary's deliberate out-of-bounds read: the sanitizer was watching the sweep.
     assert "canary not reported" not in run.stdout and run.returncode != 0, log
-    assert "heap-buffer-overflow" in canary and "mx_dequantize_rows" in canary, log
+    # Symbolized frames name mx_cpu.c, raw ones the mx_cpu_<digest>.so: either way, the kernel.
+    assert "heap-buffer-overflow" in canary and "mx_cpu" in canary, log
     assert "runtime error" not in sweep, log
