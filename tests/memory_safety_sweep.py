@@ -5,9 +5,10 @@ TORCHMX_CACHE_DIR and LD_PRELOAD of the sanitizer runtimes).
 Hypothesis draws formats (built-in and every custom ExMy width), shapes with odd lengths, block
 axes, block sizes up to 2**63 - 1, input dtypes and raw input bits (NaN, Inf, subnormals), and
 runs quantize and dequantize (of its own output and of arbitrary code and scale bytes) through
-the C kernels, each result held bit for bit to the reference. A sanitizer report aborts the
-process. Then the canary: one deliberate out-of-bounds read through the kernels, which must be
-reported, so a sweep that passes is known to have been watched.
+the C kernels, each result held bit for bit to the reference, then a few inputs large enough
+to be split across threads. A sanitizer report aborts the process. Then the canary: one
+deliberate out-of-bounds read through the kernels, which must be reported, so a sweep that
+passes is known to have been watched.
 
 TORCHMX_SANITIZER_EXAMPLES sets hypothesis' examples per property (default 150).
 """
@@ -119,6 +120,24 @@ def dequantize_any_bytes(layout, fmt, block_size, seed, target, high_scales):
     assert torch.equal(_bits(out), _bits(ref)), (fmt, block_size)
 
 
+def threaded_rows():
+    """Inputs large enough for the kernels to split rows across threads (their row bounds)."""
+    torch.set_num_threads(2)
+    for fmt, shape, axis, block_size in ((dtypes.float4_e2m1, (3, 70001), 1, 32),
+                                         (dtypes.float6_e3m2, (70001, 3), 0, 2**63 - 1),
+                                         (dtypes.ExMy(2, 2), (5, 33333, 2), 1, 7)):
+        x = _raw_tensor(shape, torch.bfloat16, block_size % 1000)
+        scale, data = torch.ops.torchmx.quantize_mx(x, fmt.name, block_size, block_dim=axis)
+        ref_scale, ref_data = quantize_mx_reference(x, fmt, block_size, block_dim=axis)
+        assert torch.equal(scale, ref_scale) and torch.equal(data, ref_data), fmt
+        out = torch.ops.torchmx.dequantize_mx(data, scale, fmt.name, block_size, torch.float32,
+                                              axis, block_dim_size=shape[axis])
+        ref = dequantize_mx_reference(data, scale, fmt, block_size, torch.float32, axis,
+                                      block_dim_size=shape[axis])
+        assert torch.equal(_bits(out), _bits(ref)), fmt
+    torch.set_num_threads(1)
+
+
 def canary():
     """Read one byte past a 1-byte scale tensor through mx_dequantize_rows (two blocks of one
     element): the sanitizer must report it."""
@@ -140,6 +159,7 @@ def main():
         sys.exit(f"the ops do not run C kernels built with sanitizers (flags {flags})")
     quantize_round_trip()
     dequantize_any_bytes()
+    threaded_rows()
     print("sweep passed", flush=True)
     canary()
     print("canary not reported", flush=True)
