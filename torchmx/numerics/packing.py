@@ -45,7 +45,7 @@ def unpack_codes(packed: torch.Tensor, elem_dtype: dtypes.DType, n: int) -> torc
     the low `bits` bits: the bits above are ignored, on every backend."""
     if elem_dtype.codes_per_group == 1:
         codes = packed.to(torch.int32)[..., :n]
-        return codes if elem_dtype.kind == "int" else codes & ((1 << elem_dtype.bits) - 1)
+        return codes if elem_dtype.bits == 8 else codes & ((1 << elem_dtype.bits) - 1)
     groups = packed.to(torch.int32).unflatten(-1, (-1, elem_dtype.bytes_per_group))
     word = torch.zeros_like(groups[..., 0])
     for i in range(elem_dtype.bytes_per_group):
