@@ -124,6 +124,21 @@ def test_any_block_size_up_to_int64_max(backend, fmt, block_size):
                                                     block_dim_size=50))
 
 
+@settings(max_examples=30, deadline=None)
+@given(block_size=st.integers(1, 2**63 - 1), n=st.integers(0, 40), axis=st.sampled_from([0, 1]),
+       fmt=st.sampled_from([dtypes.float4_e2m1, dtypes.float6_e3m2, dtypes.ExMy(1, 1)]))
+def test_c_kernels_equal_the_reference_at_any_block_size(block_size, n, axis, fmt):
+    if not cpu_kernels.available():
+        pytest.skip("the C kernels did not build here (no C compiler)")
+    x = torch.randn(2, n, generator=torch.Generator().manual_seed(n)).movedim(1, axis)
+    scale, data = cpu_kernels.quantize(x, fmt, block_size, "floor", "even", axis, None)
+    ref_scale, ref_data = quantize_mx_reference(x, fmt, block_size, block_dim=axis)
+    assert torch.equal(scale, ref_scale) and torch.equal(data, ref_data)
+    out = cpu_kernels.dequantize(data, scale, fmt, block_size, torch.float32, axis, n)
+    assert torch.equal(out, dequantize_mx_reference(ref_data, ref_scale, fmt, block_size,
+                                                    block_dim=axis, block_dim_size=n))
+
+
 @pytest.mark.parametrize("block_size", HUGE_BLOCKS)
 def test_huge_blocks_through_mx_tensor(backend, block_size):
     x = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
@@ -166,9 +181,11 @@ def test_torch_compile_with_the_largest_block_size(backend):
         scale, data = torch.ops.torchmx.quantize_mx(t, "float8_e4m3", 2**63 - 1)
         return torch.ops.torchmx.dequantize_mx(data, scale, "float8_e4m3", 2**63 - 1)
 
-    compiled = torch.compile(round_trip, backend="eager", fullgraph=True)
+    compiled = torch.compile(round_trip, backend="eager", fullgraph=True, dynamic=True)
     assert torch.equal(compiled(x), round_trip(x))
     assert torch.equal(round_trip(x), MXTensor.to_mx(x, "float8_e4m3", 50).dequantize())
+    y = torch.randn(5, 77, generator=torch.Generator().manual_seed(3))  # symbolic n
+    assert torch.equal(compiled(y), MXTensor.to_mx(y, "float8_e4m3", 77).dequantize())
 
 
 @pytest.mark.parametrize("block_size", [2**20, 2**62, 2**63 - 1])
