@@ -235,6 +235,16 @@ def test_mx_tensor_parts_on_different_devices():
         MXTensor(scale.to("meta"), data, "float8_e4m3", 32, torch.float32)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA generator")
+def test_a_cuda_generator_seeds_cpu_and_cuda_data():
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(6))
+    for data in (x, x.cuda()):
+        draws = [MXTensor.to_mx(data, "float4_e2m1", rounding="stochastic",
+                                seed=torch.Generator("cuda").manual_seed(7))._data.cpu()
+                 for _ in range(2)]
+        assert torch.equal(draws[0], draws[1])
+
+
 # ---------------------------------------------------------------- 7. argument types
 
 

@@ -122,7 +122,8 @@ def resolve_seed(seed: Union[int, torch.Generator, None], rounding: str) -> Opti
     if rounding != "stochastic":
         return None
     if isinstance(seed, torch.Generator) or seed is None:
-        return int(torch.randint(0, _MAX_SEED, (), generator=seed))
+        device = None if seed is None else seed.device  # a CUDA generator draws on its device
+        return int(torch.randint(0, _MAX_SEED, (), generator=seed, device=device))
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int in [0, 2**63), a torch.Generator or None, got {type(seed).__name__}")
     if not 0 <= seed <= _MAX_SEED:
