@@ -11,6 +11,7 @@ import torch
 
 from . import dtypes
 from .numerics import arguments as args
+from .numerics.reference import effective_block_size
 
 
 def sqnr_db(reference: torch.Tensor, approximation: torch.Tensor) -> float:
@@ -61,7 +62,9 @@ def quantization_error(
     """Quantize `x` with the custom ops and measure the error of its dequantization."""
     elem_dtype = dtypes.resolve(elem_dtype)
     args.check_high_precision_input(x, "x")
+    args.check_block_size(block_size)  # the op's schema would take True as 1
     axis = args.normalize_block_dim(block_dim, x.dim())
+    seed = args.resolve_seed(seed, args.check_rounding(rounding))
     scale, data = torch.ops.torchmx.quantize_mx(x, elem_dtype.name, block_size, scale_mode=scale_mode,
                                                 rounding=rounding, block_dim=axis, seed=seed)
     n = 1 if x.dim() == 0 else x.shape[axis]
@@ -74,7 +77,8 @@ def quantization_error(
     nonzero = ref != 0
     # An element saturated when its block's largest code could not reach it.
     scale_axis = axis if x.dim() else 0
-    block_max = (torch.exp2(scale.double() - 127) * elem_dtype.max).repeat_interleave(block_size, scale_axis)
+    block_max = (torch.exp2(scale.double() - 127) * elem_dtype.max).repeat_interleave(
+        effective_block_size(block_size, n), scale_axis)
     block_max = block_max.narrow(scale_axis, 0, n).reshape(x.shape)[finite]
     saturated = (approx.abs() == block_max) & (ref.abs() > block_max)
     count = max(ref.numel(), 1)

@@ -15,6 +15,7 @@ import torch
 
 from . import mx_tensor as _mx
 from .numerics import arguments as args
+from .numerics.reference import effective_block_size
 from .numerics.scale import scale_value
 
 
@@ -55,7 +56,8 @@ def saturated(data_hp: torch.Tensor, tensor: "_mx.MXTensor") -> torch.Tensor:
     representable value (elem max * scale), i.e. the elements quantization clamped."""
     axis, n = tensor._block_dim, tensor._block_dim_size
     limit = scale_value(tensor._scale_e8m0) * tensor._elem_dtype.max
-    limit = limit.repeat_interleave(tensor._block_size, dim=axis).narrow(axis, 0, n)
+    limit = limit.repeat_interleave(effective_block_size(tensor._block_size, n), dim=axis)
+    limit = limit.narrow(axis, 0, n)
     return (data_hp.reshape(limit.shape).float().abs() > limit).reshape(data_hp.shape)
 
 

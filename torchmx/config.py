@@ -75,6 +75,8 @@ class MXConfig(_DictRoundTrip):
         into any graph)."""
         import torch
 
+        if not args.is_int(block_dim):  # the op's schema would take True as 1
+            raise TypeError(f"block_dim must be an int, got {type(block_dim).__name__}")
         return torch.ops.torchmx.quantize_mx(x, self.elem_dtype_name, self.block_size,
                                              scale_mode=self.scale_mode, rounding=self.rounding,
                                              block_dim=block_dim)

@@ -1,11 +1,12 @@
 """CPU fast path: the C kernels of torchmx/csrc/mx_cpu.c, compiled on first use.
 
-The C file has no dependency; it is built with the system C compiler into a cache folder
-(TORCHMX_CACHE_DIR, default ~/.cache/torchmx) and called through ctypes, which releases the GIL,
-so rows are split across `torch.get_num_threads()` Python threads. Without a compiler,
-`available()` is False and the custom ops fall back to the reference numerics (with a warning).
-Dequantize reads a (scale byte x code) table that the reference numerics compute, so its
-arithmetic is the reference's by construction; tests hold both kernels bit-exact to it.
+The C file has no dependency; it is built with the system C compiler (TORCHMX_CPU_CFLAGS adds
+flags) into a cache folder (TORCHMX_CACHE_DIR, default ~/.cache/torchmx) and called through
+ctypes, which releases the GIL, so rows are split across `torch.get_num_threads()` Python
+threads. Without a compiler, `available()` is False and the custom ops fall back to the
+reference numerics (with a warning). Dequantize reads a (scale byte x code) table that the
+reference numerics compute, so its arithmetic is the reference's by construction; tests hold
+both kernels bit-exact to it.
 """
 
 import concurrent.futures
@@ -46,6 +47,12 @@ class _Format(ctypes.Structure):
                  ("bytes_per_group", ctypes.c_int32)]
 
 
+def _flags():
+    """The compiler flags: _FLAGS, then TORCHMX_CPU_CFLAGS (extra flags, e.g. the sanitizers of
+    tests/test_memory_safety.py; space-separated)."""
+    return _FLAGS + os.environ.get("TORCHMX_CPU_CFLAGS", "").split()
+
+
 def _compile(target: pathlib.Path) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
@@ -53,7 +60,7 @@ def _compile(target: pathlib.Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # atomic rename: safe in parallel
         built = pathlib.Path(tmp) / target.name
-        subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(built), "-lm"],
+        subprocess.run([compiler, *_flags(), str(_SOURCE), "-o", str(built), "-lm"],
                        check=True, capture_output=True, text=True)
         os.replace(built, target)
 
@@ -61,7 +68,7 @@ def _compile(target: pathlib.Path) -> None:
 @functools.lru_cache(maxsize=None)
 def _library() -> Optional[ctypes.CDLL]:
     source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode() + sys.platform.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(source + " ".join(_flags()).encode() + sys.platform.encode()).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TORCHMX_CACHE_DIR", pathlib.Path.home() / ".cache" / "torchmx"))
     path = cache / f"mx_cpu_{digest}.so"
     try:

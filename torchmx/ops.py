@@ -95,7 +95,7 @@ def _quantize_mx_fake(data_hp, elem_dtype_name, block_size, *, scale_mode="floor
     shape = [1] if data_hp.dim() == 0 else list(data_hp.shape)
     n = shape[axis]
     scale_shape, data_shape = list(shape), list(shape)
-    scale_shape[axis] = (n + block_size - 1) // block_size
+    scale_shape[axis] = -(-n // block_size)  # ceil, with no n + block_size - 1 to overflow
     data_shape[axis] = packed_length(n, elem_dtype)
     scale = data_hp.new_empty(scale_shape, dtype=torch.uint8)
     return scale, data_hp.new_empty(data_shape, dtype=elem_dtype.storage_dtype)

@@ -36,6 +36,17 @@ typedef struct {
     int32_t bytes_per_group;
 } Format;
 
+/* A block longer than the row is one block of n elements: same scales, same codes. Clamping
+ * first keeps every index below in range for any block_size up to 2**63 - 1. */
+static inline int64_t effective_block_size(int64_t block_size, int64_t n) {
+    return block_size < n ? block_size : (n > 0 ? n : 1);
+}
+
+/* ceil(n / block_size) without forming n + block_size - 1 (which overflows int64). */
+static inline int64_t block_count(int64_t n, int64_t block_size) {
+    return n / block_size + (n % block_size != 0);
+}
+
 static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static inline float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
@@ -214,7 +225,8 @@ void mx_quantize_rows(const void *src, int in_dtype, int64_t n, int64_t inner,
                       int64_t row_begin, int64_t row_end, const Format *f, int64_t block_size,
                       int scale_mode, int rounding, uint32_t seed_key,
                       uint8_t *scale_out, uint8_t *data_out, float *scratch, uint8_t *codes) {
-    int64_t blocks = (n + block_size - 1) / block_size;
+    block_size = effective_block_size(block_size, n);
+    int64_t blocks = block_count(n, block_size);
     int64_t packed = (n + f->codes_per_group - 1) / f->codes_per_group * f->bytes_per_group;
     float *values = scratch, *inverse_scale = scratch + n;
     for (int64_t row = row_begin; row < row_end; row++) {
@@ -245,7 +257,10 @@ void mx_quantize_rows(const void *src, int in_dtype, int64_t n, int64_t inner,
 /* Read n codes of one row from packed bytes `inner` apart (inverse of pack_row). */
 static void unpack_row(const uint8_t *data, int64_t n, const Format *f, int64_t inner, uint8_t *codes) {
     if (f->codes_per_group == 1) {
-        for (int64_t i = 0; i < n; i++) codes[i] = data[i * inner];
+        /* Bits above the format's width are ignored (as in the reference's unpack_codes): a
+         * code indexes a table of 2**bits entries. */
+        const uint8_t mask = (uint8_t)((1u << f->bits) - 1);
+        for (int64_t i = 0; i < n; i++) codes[i] = data[i * inner] & mask;
     } else if (f->codes_per_group == 2) {  /* 4-bit: element 2i in the low nibble */
         for (int64_t g = 0; g < n / 2; g++) {
             uint8_t byte = data[g * inner];
@@ -271,7 +286,8 @@ void mx_dequantize_rows(const uint8_t *data, const uint8_t *scale, int64_t n, in
                         int64_t row_begin, int64_t row_end, const Format *f, int64_t block_size,
                         const void *table, int64_t table_codes, int element_bytes, void *out,
                         uint8_t *codes) {
-    int64_t blocks = (n + block_size - 1) / block_size;
+    block_size = effective_block_size(block_size, n);
+    int64_t blocks = block_count(n, block_size);
     int64_t packed = (n + f->codes_per_group - 1) / f->codes_per_group * f->bytes_per_group;
     for (int64_t row = row_begin; row < row_end; row++) {
         int64_t o = row / inner, k = row % inner;

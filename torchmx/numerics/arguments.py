@@ -13,7 +13,8 @@ from .rounding import ROUNDING_MODES
 from .scale import SCALE_MODES
 
 HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_MAX_SEED = 2**63 - 1
+_MAX_INT64 = 2**63 - 1
+_MAX_SEED = _MAX_INT64
 
 
 def is_int(value) -> bool:
@@ -63,6 +64,12 @@ def check_weight_parts(scale, data, fmt: dtypes.DType, block_size: int,
     return N, K
 
 
+def check_same_device(a: torch.Tensor, a_arg: str, b: torch.Tensor, b_arg: str) -> None:
+    if a.device != b.device:
+        raise ValueError(f"{a_arg} and {b_arg} must be on one device, got {a_arg} on {a.device} "
+                         f"and {b_arg} on {b.device}")
+
+
 def check_high_precision_input(data_hp, arg: str = "data_hp") -> torch.Tensor:
     check_tensor(data_hp, arg)
     if data_hp.dtype not in HIGH_PRECISION_DTYPES:
@@ -77,10 +84,13 @@ def check_target_dtype(target_dtype, arg: str = "target_dtype") -> torch.dtype:
 
 
 def check_block_size(block_size) -> int:
+    """An int in [1, 2**63 - 1] (the custom ops' schema holds it in an int64); a block longer
+    than its axis is one block of the whole axis."""
     if not is_int(block_size):
-        raise TypeError(f"block_size must be an int >= 1, got {type(block_size).__name__}")
-    if block_size < 1:
-        raise ValueError(f"block_size must be an int >= 1, got {block_size}")
+        raise TypeError(f"block_size must be an int >= 1 and <= 2**63 - 1, got "
+                        f"{type(block_size).__name__}")
+    if not 1 <= block_size <= _MAX_INT64:
+        raise ValueError(f"block_size must be an int >= 1 and <= 2**63 - 1, got {block_size}")
     return block_size
 
 
@@ -112,7 +122,8 @@ def resolve_seed(seed: Union[int, torch.Generator, None], rounding: str) -> Opti
     if rounding != "stochastic":
         return None
     if isinstance(seed, torch.Generator) or seed is None:
-        return int(torch.randint(0, _MAX_SEED, (), generator=seed))
+        device = None if seed is None else seed.device  # a CUDA generator draws on its device
+        return int(torch.randint(0, _MAX_SEED, (), generator=seed, device=device))
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int in [0, 2**63), a torch.Generator or None, got {type(seed).__name__}")
     if not 0 <= seed <= _MAX_SEED:

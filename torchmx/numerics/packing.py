@@ -3,7 +3,8 @@
 fp4: two codes per byte, element 2i in the LOW nibble (as torch.float4_e2m1fn_x2, Triton,
 cuBLAS and aiter). fp6: four codes in three bytes, the little-endian bitstream
 w = c0 | c1 << 6 | c2 << 12 | c3 << 18 stored as w, w >> 8, w >> 16. Every other width: one
-byte per code. The missing codes of a partial last group are zero.
+byte per code (in its low bits; quantize writes the bits above as zero, dequantize ignores
+them). The missing codes of a partial last group are zero.
 """
 
 import torch
@@ -38,9 +39,13 @@ def pack_codes(codes: torch.Tensor, elem_dtype: dtypes.DType) -> torch.Tensor:
 
 
 def unpack_codes(packed: torch.Tensor, elem_dtype: dtypes.DType, n: int) -> torch.Tensor:
-    """Packed bytes [..., L] -> int32 codes [..., n] (two's complement codes keep their sign)."""
+    """Packed bytes [..., L] -> int32 codes [..., n] (two's complement codes keep their sign).
+
+    A byte holding one code of a narrower format (custom widths 2, 3, 5, 7) keeps its code in
+    the low `bits` bits: the bits above are ignored, on every backend."""
     if elem_dtype.codes_per_group == 1:
-        return packed.to(torch.int32)[..., :n]
+        codes = packed.to(torch.int32)[..., :n]
+        return codes if elem_dtype.bits == 8 else codes & ((1 << elem_dtype.bits) - 1)
     groups = packed.to(torch.int32).unflatten(-1, (-1, elem_dtype.bytes_per_group))
     word = torch.zeros_like(groups[..., 0])
     for i in range(elem_dtype.bytes_per_group):

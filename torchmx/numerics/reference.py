@@ -19,6 +19,13 @@ from .rounding import seed_key, uniform_from_index
 from .scale import scale_value, shared_scale_byte
 
 
+def effective_block_size(block_size: int, n: int) -> int:
+    """The block size that gives the same blocks along an axis of n elements with padding only
+    up to the next block: a block longer than the axis is one block of n elements (so a huge
+    block_size costs no memory). At least 1, for an empty axis."""
+    return max(1, min(block_size, n))
+
+
 def block_last(x: torch.Tensor, axis: int) -> torch.Tensor:
     """View x with its block axis last (a 0-d tensor counts as a 1-element vector)."""
     return x.reshape(1) if x.dim() == 0 else x.movedim(axis, -1)
@@ -39,6 +46,7 @@ def quantize_blocks(
     rounding random number; `key` comes from the seed.
     """
     n = x.shape[-1]
+    block_size = effective_block_size(block_size, n)
     padding = -n % block_size
     blocks = F.pad(x.float(), (0, padding)).unflatten(-1, (-1, block_size))
     amax = blocks.abs().amax(-1)  # exact; NaN propagates
@@ -94,6 +102,7 @@ def check_dequantize_arguments(data_lp, scale_u8, elem_dtype, block_size, target
     elem_dtype = args.check_elem_dtype(elem_dtype)
     args.check_tensor(data_lp, "data_lp")
     args.check_tensor(scale_u8, "shared_exp_e8m0")
+    args.check_same_device(data_lp, "data_lp", scale_u8, "shared_exp_e8m0")
     args.check_block_size(block_size)
     args.check_target_dtype(target_dtype)
     allowed = (torch.uint8, torch.int8) if elem_dtype.kind == "int" else (torch.uint8,)
@@ -148,7 +157,7 @@ def dequantize_blocks(data: torch.Tensor, scale: torch.Tensor, elem_dtype: dtype
     if elem_dtype.kind == "int":
         data = data.view(torch.int8)
     values = decode(unpack_codes(data, elem_dtype, n), elem_dtype)
-    scales = scale_value(scale).repeat_interleave(block_size, -1)[..., :n]
+    scales = scale_value(scale).repeat_interleave(effective_block_size(block_size, n), -1)[..., :n]
     return round_to_target(values * scales, target_dtype)  # exact fp32 product, one rounding
 
 
