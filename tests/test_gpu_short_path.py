@@ -158,3 +158,17 @@ def test_launch_keys_refine_tritons(monkeypatch):
                     F.linear(torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), w_mx)
     torch.cuda.synchronize()
     assert len(triton_keys) > 20
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_row_and_column_quantize_launches(fmt, dtype):
+    """Every path of the one-pass row + column quantize (pairs, fused, registers capped)."""
+    from torchmx.kernels import quantize_mx_rowwise_colwise
+    x = torch.randn(256, 384, device="cuda", dtype=dtype)
+    for _ in range(2):  # the second call takes the compiled kernel directly
+        (scale_r, data_r), (scale_c, data_c) = quantize_mx_rowwise_colwise(x, fmt)
+        for (scale, data), axis in (((scale_r, data_r), -1), ((scale_c, data_c), -2)):
+            ref_scale, ref_data = torch.ops.torchmx.quantize_mx(x, fmt, 32, block_dim=axis)
+            assert torch.equal(scale, ref_scale)
+            assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8))

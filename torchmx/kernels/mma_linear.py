@@ -66,7 +66,6 @@ import triton
 import triton.language as tl
 
 from .. import dtypes
-from ..numerics import arguments as args
 from ._tl_numerics import decode_value, scale_value
 from .byte_gemv import _aligned
 from .fast_decode import CHUNK, FAST_SCALES, MULTIPLIER_EXPONENT, UNITS

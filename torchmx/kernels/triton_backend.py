@@ -523,14 +523,14 @@ def quantize_rowwise_colwise(x: torch.Tensor, elem_dtype: dtypes.DType, block_si
         enc = 0
     elif x.dtype not in (torch.bfloat16, torch.float16):
         enc = min(enc, 1)
-    launch = {"maxnreg": cfg["maxnreg"]} if enc == 2 and cfg.get("maxnreg") else {}
+    registers = {"maxnreg": cfg["maxnreg"]} if enc == 2 and cfg.get("maxnreg") else {}
     launch(tq.quantize_fused_kernel, grid,
         x3, scale_r, data_r.view(torch.uint8), scale_c, data_c.view(torch.uint8), R, C, *strides,
         tiles_r, tiles_c, blocks_r, blocks_c, _cdiv(R, cpg), _cdiv(C, cpg), _signed32(key),
         BLOCK=block_size, TILE_NBR=nbr, TILE_NBC=nbc, VEC=vec, I64=i64, GRID=grid_kind, CPG=cpg,
         WORDS=_fp6_words(cpg, block_size, C), ENC=enc,
         HW_FP8=hw_fp8, SCALE_MODE=SCALE_MODES.index(scale_mode),
-        ROUNDING=ROUNDING_MODES.index(rounding), num_warps=warps, **launch, **consts)
+        ROUNDING=ROUNDING_MODES.index(rounding), num_warps=warps, **registers, **consts)
     return (scale_r, data_r), (scale_c, data_c)
 
 
