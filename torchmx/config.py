@@ -13,7 +13,8 @@ from typing import Any, Optional
 from . import dtypes
 from .numerics import arguments as args
 
-__all__ = ["MXConfig", "QLinearGradConfig", "QLinearConfig", "QAttentionConfig"]
+__all__ = ["MXConfig", "QLinearGradConfig", "QLinearConfig", "QAttentionConfig",
+           "as_linear_config", "as_attention_config"]
 
 
 class _DictRoundTrip:
@@ -50,7 +51,12 @@ class _DictRoundTrip:
 
 @dataclass(frozen=True)
 class MXConfig(_DictRoundTrip):
-    """How one tensor is quantized: format, block size, scale mode, element rounding."""
+    """How one tensor is quantized: format, block size, scale mode, element rounding.
+
+    `elem_dtype_name`: a format name ("float8_e4m3", "e1m2"), an alias ("mxfp8", "mxfp4",
+    "float8_e4m3fn", see `torchmx.dtypes.ALIASES`), a `torchmx.dtypes.DType` or a torch dtype
+    (torch.float8_e4m3fn, torch.float8_e5m2, torch.float4_e2m1fn_x2, torch.int8); it is stored
+    as the canonical name."""
 
     elem_dtype_name: str
     block_size: int = 32
@@ -58,9 +64,12 @@ class MXConfig(_DictRoundTrip):
     rounding: str = "even"
 
     def __post_init__(self):
-        if isinstance(self.elem_dtype_name, dtypes.DType):  # accept the object, store its name
-            object.__setattr__(self, "elem_dtype_name", self.elem_dtype_name.name)
-        dtypes.from_name(self.elem_dtype_name)
+        # A DType, an alias ("mxfp8") or a torch dtype: stored as the canonical name, so equal
+        # configs compare equal and to_dict() gives names torchmx 0.1.0 reads.
+        if not _is_format(self.elem_dtype_name):
+            raise TypeError("elem_dtype_name must be a format name, a torchmx.dtypes.DType or a "
+                            f"torch dtype, got {type(self.elem_dtype_name).__name__}")
+        object.__setattr__(self, "elem_dtype_name", dtypes.resolve(self.elem_dtype_name).name)
         args.check_block_size(self.block_size)
         args.check_scale_mode(self.scale_mode)
         args.check_rounding(self.rounding)
@@ -183,3 +192,33 @@ class QAttentionConfig(_DictRoundTrip):
     @property
     def is_qkv_quantization_enabled(self) -> bool:
         return self.query_config is not None
+
+
+def _is_format(value) -> bool:
+    import torch
+
+    return isinstance(value, (str, dtypes.DType, torch.dtype))
+
+
+def as_linear_config(value, arg: str = "qconfig") -> QLinearConfig:
+    """A QLinearConfig from what the model APIs accept: a QLinearConfig; an MXConfig or a
+    format (name, alias, DType, torch dtype) for the weights, activations kept in high precision."""
+    if isinstance(value, QLinearConfig):
+        return value
+    if isinstance(value, MXConfig):
+        return QLinearConfig(value)
+    if _is_format(value):
+        return QLinearConfig(MXConfig(value))
+    raise TypeError(f"{arg} must be a torchmx.config.QLinearConfig, an MXConfig or a format name "
+                    f"(e.g. 'mxfp4') for the weights, got {type(value).__name__}")
+
+
+def as_attention_config(value, arg: str = "qattention_config") -> QAttentionConfig:
+    """A QAttentionConfig from a QAttentionConfig or anything `as_linear_config` takes (the
+    projections only; the attention matmuls stay in high precision)."""
+    if isinstance(value, QAttentionConfig):
+        return value
+    if isinstance(value, (QLinearConfig, MXConfig)) or _is_format(value):
+        return QAttentionConfig(as_linear_config(value, arg))
+    raise TypeError(f"{arg} must be a torchmx.config.QAttentionConfig, a QLinearConfig, an "
+                    f"MXConfig or a format name (e.g. 'mxfp4'), got {type(value).__name__}")
