@@ -190,6 +190,22 @@ def test_packing_an_mxlinear_with_another_config_warns():
         quantize_linear_(again, W4A8, exclude=None)  # the training config: no warning
 
 
+def test_packing_ignores_the_gradient_config():
+    # grad_config only shapes QAT's backward: packing without it is packing what was trained
+    trained = QLinearConfig(MXConfig("float4_e2m1"), MXConfig("float8_e4m3"), grad_config=MXConfig("float8_e5m2"))
+    model = nn.Sequential(nn.Linear(64, 64))
+    prepare_qat_(model, trained)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantize_linear_(model, W4A8)
+    assert isinstance(model[0], MXInferenceLinear) and model[0].qconfig == W4A8
+    other_activations = nn.Sequential(nn.Linear(64, 64))
+    prepare_qat_(other_activations, trained)
+    with pytest.warns(UserWarning, match="was trained"):
+        quantize_linear_(other_activations, QLinearConfig(MXConfig("float4_e2m1")))
+
+
 def test_quantize_llm_leaves_the_model_untouched_on_failure():
     pytest.importorskip("transformers")
     from torchmx.config import QAttentionConfig

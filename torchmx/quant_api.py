@@ -212,10 +212,15 @@ def quantize_linear_(
                          progress, "torchmx: quantizing linear layers")
 
 
+def _forward(qconfig: QLinearConfig):
+    return qconfig.weights_config, qconfig.activations_config
+
+
 def _pack(module: nn.Linear, name: str, qconfig: QLinearConfig) -> MXInferenceLinear:
-    """MXInferenceLinear.from_float, warning when an MXLinear trained with another config."""
+    """MXInferenceLinear.from_float, warning when an MXLinear trained with another forward
+    config (its weights or activations format; the gradient config plays no part in packing)."""
     trained = getattr(module, "qconfig", None)
-    if isinstance(module, MXLinear) and trained != qconfig:
+    if isinstance(module, MXLinear) and _forward(trained) != _forward(qconfig):
         warnings.warn(f"{name}: this MXLinear was trained (QAT) with [{describe_qconfig(trained)}] "
                       f"and is now packed with [{describe_qconfig(qconfig)}]; pass the training "
                       "config to quantize with what the model learned", UserWarning, stacklevel=5)
