@@ -71,7 +71,7 @@ def test_quantize_linear_takes_a_weight_format(qconfig):
     (lambda: MXConfig("mxfp6"), ValueError, "'mxfp6' is ambiguous"),
     (lambda: dtypes.from_name("mxfp5"), ValueError, "unknown elem_dtype 'mxfp5'; allowed: float8_e4m3.*mxfp4"),
     (lambda: dtypes.resolve(torch.float16), ValueError,
-     "torch dtype torch.float16 is not an MX element format; allowed: torch.float8_e4m3fn"),
+     "elem_dtype torch.float16 is not an MX element format; allowed torch dtypes: torch.float8_e4m3fn"),
     (lambda: dtypes.resolve(torch.float8_e4m3fnuz), ValueError, "not an MX element format"),
     (lambda: MXConfig(torch.bfloat16), ValueError, "not an MX element format"),
     (lambda: MXConfig(8), TypeError, "elem_dtype_name must be a format name, a torchmx.dtypes.DType"),

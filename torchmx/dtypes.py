@@ -266,8 +266,9 @@ def resolve(elem_dtype: Union[DType, str, torch.dtype]) -> DType:
     if isinstance(elem_dtype, torch.dtype):
         dtype = TORCH_DTYPE_TO_ELEM_DTYPE.get(elem_dtype)
         if dtype is None:
-            raise ValueError(f"torch dtype {elem_dtype} is not an MX element format; allowed: "
-                             f"{', '.join(map(str, TORCH_DTYPE_TO_ELEM_DTYPE))} or a format name")
+            raise ValueError(f"elem_dtype {elem_dtype} is not an MX element format; allowed torch "
+                             f"dtypes: {', '.join(map(str, TORCH_DTYPE_TO_ELEM_DTYPE))}, or a "
+                             "format name")
         return dtype
     raise TypeError(
         "elem_dtype must be a torchmx.dtypes.DType or its name (or a torch dtype such as "
