@@ -10,6 +10,8 @@ The option names are the ones of the custom ops and `MXTensor.to_mx`.
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Optional
 
+import torch
+
 from . import dtypes
 from .numerics import arguments as args
 
@@ -82,8 +84,6 @@ class MXConfig(_DictRoundTrip):
         """(scale_u8, data) of x quantized per this config with blocks along `block_dim`:
         `torch.ops.torchmx.quantize_mx` with this config's options (plain tensors: traces
         into any graph)."""
-        import torch
-
         return torch.ops.torchmx.quantize_mx(x, self.elem_dtype_name, self.block_size,
                                              scale_mode=self.scale_mode, rounding=self.rounding,
                                              block_dim=block_dim)
@@ -195,8 +195,6 @@ class QAttentionConfig(_DictRoundTrip):
 
 
 def _is_format(value) -> bool:
-    import torch
-
     return isinstance(value, (str, dtypes.DType, torch.dtype))
 
 

@@ -161,8 +161,8 @@ SUPPORTED_FP_ELEM_DTYPES = tuple(d for d in SUPPORTED_ELEM_DTYPES if d.is_float)
 STR_TO_SUPPORTED_ELEM_DTYPE = {d.name: d for d in SUPPORTED_ELEM_DTYPES}
 
 # Other names of the built-in formats: the OCP MX names ("MXFP8" is E4M3, as in torchao, NVIDIA
-# and compressed-tensors; OCP's two 6-bit formats have no shorter name), torch's dtype names and
-# torchao's strings. Every entry point resolves names here, so they work everywhere.
+# and compressed-tensors; OCP's two 6-bit formats have no shorter name), torch's and ml_dtypes'
+# dtype names and torchao's strings. Every entry point resolves names here, so they work everywhere.
 ALIASES = {
     "mxfp8": float8_e4m3, "mxfp8_e4m3": float8_e4m3, "float8_e4m3fn": float8_e4m3,
     "fp8_e4m3": float8_e4m3,

@@ -71,7 +71,7 @@ class MXWeightOnlyConfig(AOBaseConfig):
     rounding: str = "even"
 
     def __post_init__(self):
-        self.qconfig  # validates every field
+        self.qconfig  # building the nested config validates every field
 
     @property
     def qconfig(self) -> QLinearConfig:
@@ -92,7 +92,7 @@ class MXDynamicActivationMXWeightConfig(AOBaseConfig):
     rounding: str = "even"
 
     def __post_init__(self):
-        self.qconfig  # validates every field
+        self.qconfig  # building the nested config validates every field
 
     @property
     def qconfig(self) -> QLinearConfig:
