@@ -30,7 +30,8 @@ def test_description_is_the_first_processors_model_and_flags(tmp_path):
     assert cpu_kernels._cpu_description(cpuinfo(tmp_path, XEON)) == (
         "model name\t: Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz\n"
         "flags\t\t: fpu sse sse2 avx avx2 avx512f")
-    arm = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n"
+    arm = ("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve\nCPU implementer\t: 0x41\n"
+           "CPU part\t: 0xd40\n")
     assert cpu_kernels._cpu_description(cpuinfo(tmp_path, arm)) == (
         "Features\t: fp asimd sve\nCPU implementer\t: 0x41\nCPU part\t: 0xd40")
 

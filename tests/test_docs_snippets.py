@@ -52,7 +52,8 @@ def run_page(page, until=None):
         where = f"{page.relative_to(ROOT)}:{line}"
         compiled = compile(code, where, "exec")  # every snippet is valid Python
         if needs is not None:
-            assert needs in REQUIREMENTS, f"{where}: unknown '# needs: {needs}'; use one of {list(REQUIREMENTS)}"
+            assert needs in REQUIREMENTS, \
+                f"{where}: unknown '# needs: {needs}'; use one of {list(REQUIREMENTS)}"
             if not REQUIREMENTS[needs]():
                 skipped.append(f"{where} needs {needs}")
                 continue
@@ -63,7 +64,8 @@ def run_page(page, until=None):
     return skipped
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_SNIPPETS, ids=[str(p.relative_to(ROOT)) for p in PAGES_WITH_SNIPPETS])
+@pytest.mark.parametrize("page", PAGES_WITH_SNIPPETS,
+                         ids=[str(p.relative_to(ROOT)) for p in PAGES_WITH_SNIPPETS])
 def test_page_snippets_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_page(page)

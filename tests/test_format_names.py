@@ -43,7 +43,8 @@ def test_torch_dtypes_resolve(torch_dtype):
     assert MXConfig(torch_dtype).elem_dtype_name == TORCH_DTYPES[torch_dtype]
 
 
-@pytest.mark.parametrize("name, fmt", [("mxfp4", torch.float4_e2m1fn_x2), ("float8_e4m3fn", torch.float8_e4m3fn),
+@pytest.mark.parametrize("name, fmt", [("mxfp4", torch.float4_e2m1fn_x2),
+                                       ("float8_e4m3fn", torch.float8_e4m3fn),
                                        ("mxfp6_e2m3", dtypes.float6_e2m3), ("mxint8", torch.int8)])
 def test_ops_and_to_mx_give_the_canonical_bits(name, fmt):
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)) * 10
@@ -69,7 +70,8 @@ def test_quantize_linear_takes_a_weight_format(qconfig):
 @pytest.mark.parametrize("call, error, words", [
     (lambda: dtypes.from_name("mxfp6"), ValueError, "'mxfp6' is ambiguous.*'mxfp6_e2m3'.*'mxfp6_e3m2'"),
     (lambda: MXConfig("mxfp6"), ValueError, "'mxfp6' is ambiguous"),
-    (lambda: dtypes.from_name("mxfp5"), ValueError, "unknown elem_dtype 'mxfp5'; allowed: float8_e4m3.*mxfp4"),
+    (lambda: dtypes.from_name("mxfp5"), ValueError,
+     "unknown elem_dtype 'mxfp5'; allowed: float8_e4m3.*mxfp4"),
     (lambda: dtypes.resolve(torch.float16), ValueError,
      "elem_dtype torch.float16 is not an MX element format; allowed torch dtypes: torch.float8_e4m3fn"),
     (lambda: dtypes.resolve(torch.float8_e4m3fnuz), ValueError, "not an MX element format"),
