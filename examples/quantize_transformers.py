@@ -9,7 +9,7 @@ import torch
 from torchmx.analysis import sqnr_db
 from torchmx.config import MXConfig, QAttentionConfig, QLinearConfig
 from torchmx.models import SENTENCES, load_minilm, tiny_decoder_lm
-from torchmx.quant_api import quantize_linear_, quantize_llm_
+from torchmx.quant_api import OUTPUT_HEADS, quantize_linear_, quantize_llm_
 
 FP8 = MXConfig("float8_e4m3")
 
@@ -23,7 +23,8 @@ def decoder() -> None:
         projection_config=QLinearConfig(MXConfig("float6_e2m3"), FP8),  # q/k/v/o projections
         query_config=FP8, key_config=FP8, value_config=FP8, attention_weights_config=FP8)
     mlp = QLinearConfig(MXConfig("float4_e2m1"), FP8)
-    summary = quantize_llm_(model, attention, mlp)  # lm_head stays in full precision
+    # every linear layer is quantized by default; OUTPUT_HEADS keeps lm_head in full precision
+    summary = quantize_llm_(model, attention, mlp, exclude=OUTPUT_HEADS)
     print(summary)
     print("attention implementation:", model.config._attn_implementation)
     with torch.no_grad():

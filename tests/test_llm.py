@@ -14,7 +14,7 @@ from torchmx.config import MXConfig, QAttentionConfig, QLinearConfig  # noqa: E4
 from torchmx.models import tiny_decoder_lm  # noqa: E402
 from torchmx.nn import MXInferenceLinear  # noqa: E402
 from torchmx.nn.attention import CONFIG_ATTRIBUTE, mx_attention  # noqa: E402
-from torchmx.quant_api import quantize_llm_  # noqa: E402
+from torchmx.quant_api import OUTPUT_HEADS, quantize_llm_  # noqa: E402
 
 FP8, FP6, FP4 = MXConfig("float8_e4m3"), MXConfig("float6_e2m3"), MXConfig("float4_e2m1")
 PROJECTIONS = QLinearConfig(FP6, FP8)
@@ -78,13 +78,13 @@ def test_quantize_llm_eager_and_sdpa(family):
         reference = logits(model, ids, mask)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # every matmul reduces along the MX block axis
-            summary = quantize_llm_(model, ATTENTION, MLP)
+            summary = quantize_llm_(model, ATTENTION, MLP, exclude=OUTPUT_HEADS)
             quantized = logits(model, ids, mask)
         assert model.config._attn_implementation == f"torchmx_{implementation}"
         attn = model.model.layers[0].self_attn
         assert getattr(attn, CONFIG_ATTRIBUTE) is ATTENTION
         assert attn.q_proj.qconfig == PROJECTIONS and model.model.layers[1].mlp.down_proj.qconfig == MLP
-        assert type(model.lm_head) is torch.nn.Linear  # excluded by default
+        assert type(model.lm_head) is torch.nn.Linear  # excluded on request
         assert len(summary.swapped) == 2 * 7 and summary.skipped == ["lm_head"]
         assert summary.attention == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
         valid = mask.bool()
@@ -121,10 +121,24 @@ def test_excluded_attention_module_keeps_high_precision_attention():
     assert logits(model, ids, mask).isfinite().all()
 
 
+def test_quantize_llm_takes_a_linear_config_or_a_format_name():
+    by_config = tiny_decoder_lm("llama", attn_implementation="sdpa")
+    summary = quantize_llm_(by_config, PROJECTIONS)  # the MLP gets the projections' config
+    assert summary.skipped == [] and isinstance(by_config.lm_head, MXInferenceLinear)  # default
+    assert {m.qconfig for m in by_config.modules() if isinstance(m, MXInferenceLinear)} == {PROJECTIONS}
+    assert by_config.config._attn_implementation == "sdpa"  # no attention matmul configs
+    by_name = tiny_decoder_lm("llama", attn_implementation="sdpa")
+    quantize_llm_(by_name, "mxfp8")
+    assert {m.qconfig for m in by_name.modules() if isinstance(m, MXInferenceLinear)} == {
+        QLinearConfig(MXConfig("float8_e4m3"))}
+
+
 def test_quantize_llm_errors():
     model = tiny_decoder_lm("llama", attn_implementation="sdpa")
     with pytest.raises(TypeError, match="qattention_config must be a torchmx.config.QAttentionConfig"):
-        quantize_llm_(model, PROJECTIONS, MLP)
+        quantize_llm_(model, 3, MLP)
+    with pytest.raises(TypeError, match="qmlp_config must be a torchmx.config.QLinearConfig"):
+        quantize_llm_(model, PROJECTIONS, [MLP])
     with pytest.raises(ValueError, match="found no attention module"):
         quantize_llm_(torch.nn.Sequential(torch.nn.Linear(4, 4)), ATTENTION, MLP)
     model.config._attn_implementation_internal = "flex_attention"

@@ -107,7 +107,8 @@ def _parts():
 
 @pytest.mark.parametrize("change, error, match", [
     (dict(elem_dtype="float4"), ValueError, "float4_e2m1"),
-    (dict(elem_dtype=torch.float8_e4m3fn), TypeError, "elem_dtype"),
+    (dict(elem_dtype=torch.float16), ValueError, "elem_dtype"),  # torch.float8_e4m3fn is a format
+    (dict(elem_dtype=3.0), TypeError, "elem_dtype"),
     (dict(block_size=0), ValueError, "block_size"),
     (dict(block_size=16), ValueError, "shapes do not match"),
     (dict(block_size=2.0), TypeError, "block_size"),

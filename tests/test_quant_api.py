@@ -10,7 +10,7 @@ from torch import nn
 from torchmx.config import MXConfig, QLinearConfig
 from torchmx.nn import MXInferenceLinear, MXLinear
 from torchmx.quant_api import (
-    DEFAULT_EXCLUDE,
+    OUTPUT_HEADS,
     model_bytes,
     mx_dynamic_activation_mx_weights,
     prepare_qat_,
@@ -49,10 +49,17 @@ class Net(nn.Module):
 ALL_LINEARS = ["blocks.0.up", "blocks.0.down", "blocks.1.up", "blocks.1.down", "lm_head"]
 
 
-def test_default_swaps_all_but_the_output_head():
+def test_default_swaps_every_linear_the_output_head_included():
+    model = Net()
+    summary = quantize_linear_(model, W4A8)
+    assert summary.swapped == ALL_LINEARS and summary.skipped == []
+    assert all(isinstance(model.get_submodule(n), MXInferenceLinear) for n in ALL_LINEARS)
+
+
+def test_output_heads_excluded_on_request():
     model = Net()
     before = model_bytes(model)
-    summary = quantize_linear_(model, W4A8)
+    summary = quantize_linear_(model, W4A8, exclude=OUTPUT_HEADS)
     assert summary.swapped == ALL_LINEARS[:4] and summary.skipped == ["lm_head"]
     assert all(isinstance(model.get_submodule(n), MXInferenceLinear) for n in ALL_LINEARS[:4])
     assert type(model.lm_head) is nn.Linear
@@ -66,7 +73,7 @@ def test_default_swaps_all_but_the_output_head():
 @pytest.mark.parametrize("kwargs, swapped", [
     (dict(include=r"\.up$"), ["blocks.0.up", "blocks.1.up"]),
     (dict(include=[r"blocks\.1", r"head"], exclude=None), ["blocks.1.up", "blocks.1.down", "lm_head"]),
-    (dict(exclude=[DEFAULT_EXCLUDE, r"blocks\.0"]), ["blocks.1.up", "blocks.1.down"]),
+    (dict(exclude=[OUTPUT_HEADS, r"blocks\.0"]), ["blocks.1.up", "blocks.1.down"]),
     (dict(filter_fn=lambda m, name: m.out_features == 64, exclude=None), ["blocks.0.down", "blocks.1.down"]),
 ])
 def test_selection(kwargs, swapped):
@@ -77,8 +84,8 @@ def test_selection(kwargs, swapped):
     assert {n for n in ALL_LINEARS if isinstance(model.get_submodule(n), MXInferenceLinear)} == set(swapped)
 
 
-def test_default_exclude_matches_last_name_component_only():
-    pattern = re.compile(DEFAULT_EXCLUDE)
+def test_output_heads_matches_last_name_component_only():
+    pattern = re.compile(OUTPUT_HEADS)
     for name in ["lm_head", "model.lm_head", "classifier", "score", "output", "model.output"]:
         assert pattern.search(name), name
     for name in ["encoder.layer.0.output.dense", "attention.output.dense", "head", "lm_head.proj"]:
@@ -102,20 +109,22 @@ def test_progress_bar(capsys):
 
 def test_prepare_qat_then_quantize():
     model = Net(torch.float32)
-    prepare_qat_(model, W4A8)
+    prepare_qat_(model, W4A8, exclude=OUTPUT_HEADS)
     assert type(model.blocks[0].up) is MXLinear and type(model.lm_head) is nn.Linear
     x = torch.randn(4, 64)
     with torch.no_grad():
         qat_out = model(x)
-    summary = quantize_linear_(model, W4A8)  # MXLinear -> MXInferenceLinear
+    summary = quantize_linear_(model, W4A8, exclude=OUTPUT_HEADS)  # MXLinear -> MXInferenceLinear
     assert len(summary.swapped) == 4
     with torch.no_grad():
         assert torch.equal(model(x), qat_out)
 
 
 @pytest.mark.parametrize("call, error, words", [
-    (lambda: quantize_linear_(Net(), MXConfig("int8")), TypeError,
-     "qconfig must be a torchmx.config.QLinearConfig"),
+    (lambda: quantize_linear_(Net(), 3), TypeError,
+     "qconfig must be a torchmx.config.QLinearConfig, an MXConfig or a format name"),
+    (lambda: quantize_linear_(Net(), "mxfp5"), ValueError, "unknown elem_dtype 'mxfp5'"),
+    (lambda: prepare_qat_(Net(), None), TypeError, "qconfig must be a torchmx.config.QLinearConfig"),
     (lambda: quantize_linear_("model", W4A8), TypeError, "model must be a torch.nn.Module"),
     (lambda: quantize_linear_(Net(), W4A8, include="("), ValueError, "include: invalid regex '\\('"),
     (lambda: quantize_linear_(Net(), W4A8, exclude=[3]), TypeError, "exclude must be a regex string"),
@@ -137,7 +146,7 @@ def test_torchao_quantize_eager_and_inductor():
     model = Net(torch.float32)
     x = torch.randn(2, 5, 64)
     reference = Net(torch.float32)
-    quantize_linear_(reference, W4A8, exclude=None)  # torchao's default filter takes every Linear
+    quantize_linear_(reference, W4A8)  # the same default: every Linear, lm_head included
     torchao_quantization.quantize_(model, MXInferenceLinearConfig(W4A8))
     assert all(isinstance(model.get_submodule(n), MXInferenceLinear) for n in ALL_LINEARS)
     with torch.no_grad():
@@ -157,7 +166,7 @@ def test_torchmx_010_helper_returns_a_torchao_config():
     from torchmx.quant_api import MXInferenceLinearConfig, MXQATConfig
 
     with pytest.raises(TypeError, match="qconfig must be"):
-        MXInferenceLinearConfig("float4_e2m1")
+        MXInferenceLinearConfig(3)
     model = Net(torch.float32)
     from torchao.quantization import quantize_
 
@@ -179,6 +188,22 @@ def test_packing_an_mxlinear_with_another_config_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         quantize_linear_(again, W4A8, exclude=None)  # the training config: no warning
+
+
+def test_packing_ignores_the_gradient_config():
+    # grad_config only shapes QAT's backward: packing without it is packing what was trained
+    trained = QLinearConfig(MXConfig("float4_e2m1"), MXConfig("float8_e4m3"), grad_config=MXConfig("float8_e5m2"))
+    model = nn.Sequential(nn.Linear(64, 64))
+    prepare_qat_(model, trained)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantize_linear_(model, W4A8)
+    assert isinstance(model[0], MXInferenceLinear) and model[0].qconfig == W4A8
+    other_activations = nn.Sequential(nn.Linear(64, 64))
+    prepare_qat_(other_activations, trained)
+    with pytest.warns(UserWarning, match="was trained"):
+        quantize_linear_(other_activations, QLinearConfig(MXConfig("float4_e2m1")))
 
 
 def test_quantize_llm_leaves_the_model_untouched_on_failure():

@@ -10,10 +10,13 @@ The option names are the ones of the custom ops and `MXTensor.to_mx`.
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Optional
 
+import torch
+
 from . import dtypes
 from .numerics import arguments as args
 
-__all__ = ["MXConfig", "QLinearGradConfig", "QLinearConfig", "QAttentionConfig"]
+__all__ = ["MXConfig", "QLinearGradConfig", "QLinearConfig", "QAttentionConfig",
+           "as_linear_config", "as_attention_config"]
 
 
 class _DictRoundTrip:
@@ -50,7 +53,12 @@ class _DictRoundTrip:
 
 @dataclass(frozen=True)
 class MXConfig(_DictRoundTrip):
-    """How one tensor is quantized: format, block size, scale mode, element rounding."""
+    """How one tensor is quantized: format, block size, scale mode, element rounding.
+
+    `elem_dtype_name`: a format name ("float8_e4m3", "e1m2"), an alias ("mxfp8", "mxfp4",
+    "float8_e4m3fn", see `torchmx.dtypes.ALIASES`), a `torchmx.dtypes.DType` or a torch dtype
+    (torch.float8_e4m3fn, torch.float8_e5m2, torch.float4_e2m1fn_x2, torch.int8); it is stored
+    as the canonical name."""
 
     elem_dtype_name: str
     block_size: int = 32
@@ -58,9 +66,12 @@ class MXConfig(_DictRoundTrip):
     rounding: str = "even"
 
     def __post_init__(self):
-        if isinstance(self.elem_dtype_name, dtypes.DType):  # accept the object, store its name
-            object.__setattr__(self, "elem_dtype_name", self.elem_dtype_name.name)
-        dtypes.from_name(self.elem_dtype_name)
+        # A DType, an alias ("mxfp8") or a torch dtype: stored as the canonical name, so equal
+        # configs compare equal and to_dict() gives names torchmx 0.1.0 reads.
+        if not _is_format(self.elem_dtype_name):
+            raise TypeError("elem_dtype_name must be a format name, a torchmx.dtypes.DType or a "
+                            f"torch dtype, got {type(self.elem_dtype_name).__name__}")
+        object.__setattr__(self, "elem_dtype_name", dtypes.resolve(self.elem_dtype_name).name)
         args.check_block_size(self.block_size)
         args.check_scale_mode(self.scale_mode)
         args.check_rounding(self.rounding)
@@ -73,8 +84,6 @@ class MXConfig(_DictRoundTrip):
         """(scale_u8, data) of x quantized per this config with blocks along `block_dim`:
         `torch.ops.torchmx.quantize_mx` with this config's options (plain tensors: traces
         into any graph)."""
-        import torch
-
         if not args.is_int(block_dim):  # the op's schema would take True as 1
             raise TypeError(f"block_dim must be an int, got {type(block_dim).__name__}")
         return torch.ops.torchmx.quantize_mx(x, self.elem_dtype_name, self.block_size,
@@ -185,3 +194,31 @@ class QAttentionConfig(_DictRoundTrip):
     @property
     def is_qkv_quantization_enabled(self) -> bool:
         return self.query_config is not None
+
+
+def _is_format(value) -> bool:
+    return isinstance(value, (str, dtypes.DType, torch.dtype))
+
+
+def as_linear_config(value, arg: str = "qconfig") -> QLinearConfig:
+    """A QLinearConfig from what the model APIs accept: a QLinearConfig; an MXConfig or a
+    format (name, alias, DType, torch dtype) for the weights, activations kept in high precision."""
+    if isinstance(value, QLinearConfig):
+        return value
+    if isinstance(value, MXConfig):
+        return QLinearConfig(value)
+    if _is_format(value):
+        return QLinearConfig(MXConfig(value))
+    raise TypeError(f"{arg} must be a torchmx.config.QLinearConfig, an MXConfig or a format name "
+                    f"(e.g. 'mxfp4') for the weights, got {type(value).__name__}")
+
+
+def as_attention_config(value, arg: str = "qattention_config") -> QAttentionConfig:
+    """A QAttentionConfig from a QAttentionConfig or anything `as_linear_config` takes (the
+    projections only; the attention matmuls stay in high precision)."""
+    if isinstance(value, QAttentionConfig):
+        return value
+    if isinstance(value, (QLinearConfig, MXConfig)) or _is_format(value):
+        return QAttentionConfig(as_linear_config(value, arg))
+    raise TypeError(f"{arg} must be a torchmx.config.QAttentionConfig, a QLinearConfig, an "
+                    f"MXConfig or a format name (e.g. 'mxfp4'), got {type(value).__name__}")

@@ -16,6 +16,7 @@ import hashlib
 import math
 import os
 import pathlib
+import platform
 import shutil
 import subprocess
 import sys
@@ -65,12 +66,33 @@ def _compile(target: pathlib.Path) -> None:
         os.replace(built, target)
 
 
+# /proc/cpuinfo lines that say which instructions -march=native may use (x86; ARM).
+_CPU_KEYS = ("model name", "flags", "CPU implementer", "CPU part", "Features")
+
+
+def _cpu_description(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The first processor's model and feature flags (elsewhere, what `platform` says): part of
+    the cache key, so that a cache folder shared by different CPUs (a home directory on a mixed
+    cluster) never hands one CPU a library built with -march=native for another (SIGILL)."""
+    try:
+        first = pathlib.Path(cpuinfo).read_text(errors="replace").split("\n\n", 1)[0]
+    except OSError:
+        first = ""
+    lines = [line for line in first.splitlines() if line.split(":", 1)[0].strip() in _CPU_KEYS]
+    return "\n".join(lines) or f"{platform.machine()} {platform.processor()}"
+
+
+def _library_path(cpu: str) -> pathlib.Path:
+    """Cache file of the library built from this source with these flags for this CPU."""
+    key = _SOURCE.read_bytes() + " ".join(_flags()).encode() + sys.platform.encode() + cpu.encode()
+    digest = hashlib.sha256(key).hexdigest()[:16]
+    cache = pathlib.Path(os.environ.get("TORCHMX_CACHE_DIR", pathlib.Path.home() / ".cache" / "torchmx"))
+    return cache / f"mx_cpu_{digest}.so"
+
+
 @functools.lru_cache(maxsize=None)
 def _library() -> Optional[ctypes.CDLL]:
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(_flags()).encode() + sys.platform.encode()).hexdigest()[:16]
-    cache = pathlib.Path(os.environ.get("TORCHMX_CACHE_DIR", pathlib.Path.home() / ".cache" / "torchmx"))
-    path = cache / f"mx_cpu_{digest}.so"
+    path = _library_path(_cpu_description())
     try:
         if not path.exists():
             _compile(path)

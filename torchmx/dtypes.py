@@ -25,6 +25,8 @@ __all__ = [
     "SUPPORTED_ELEM_DTYPES",
     "SUPPORTED_FP_ELEM_DTYPES",
     "STR_TO_SUPPORTED_ELEM_DTYPE",
+    "ALIASES",
+    "TORCH_DTYPE_TO_ELEM_DTYPE",
     "E8M0_EXPONENT_BIAS",
     "E8M0_EXPONENT_NAN_VAL",
     "from_name",
@@ -169,6 +171,32 @@ SUPPORTED_ELEM_DTYPES = (float8_e4m3, float8_e5m2, float6_e3m2, float6_e2m3, flo
 SUPPORTED_FP_ELEM_DTYPES = tuple(d for d in SUPPORTED_ELEM_DTYPES if d.is_float)
 STR_TO_SUPPORTED_ELEM_DTYPE = {d.name: d for d in SUPPORTED_ELEM_DTYPES}
 
+# Other names of the built-in formats: the OCP MX names ("MXFP8" is E4M3, as in torchao, NVIDIA
+# and compressed-tensors; OCP's two 6-bit formats have no shorter name), torch's and ml_dtypes'
+# dtype names and torchao's strings. Every entry point resolves names here, so they work everywhere.
+ALIASES = {
+    "mxfp8": float8_e4m3, "mxfp8_e4m3": float8_e4m3, "float8_e4m3fn": float8_e4m3,
+    "fp8_e4m3": float8_e4m3,
+    "mxfp8_e5m2": float8_e5m2, "fp8_e5m2": float8_e5m2,
+    "mxfp6_e3m2": float6_e3m2, "float6_e3m2fn": float6_e3m2, "fp6_e3m2": float6_e3m2,
+    "mxfp6_e2m3": float6_e2m3, "float6_e2m3fn": float6_e2m3, "fp6_e2m3": float6_e2m3,
+    "mxfp4": float4_e2m1, "mxfp4_e2m1": float4_e2m1, "float4_e2m1fn": float4_e2m1,
+    "float4_e2m1fn_x2": float4_e2m1, "fp4_e2m1": float4_e2m1,
+    "mxint8": int8,
+}
+_AMBIGUOUS = {"mxfp6": "OCP MX defines two 6-bit formats: use 'mxfp6_e2m3' (float6_e2m3, more "
+                       "precision) or 'mxfp6_e3m2' (float6_e3m2, more range)"}
+_BY_NAME = {**STR_TO_SUPPORTED_ELEM_DTYPE, **ALIASES}
+
+# torch dtypes that name an MX element format (torch has no fp6 dtype).
+TORCH_DTYPE_TO_ELEM_DTYPE = {
+    torch.float8_e4m3fn: float8_e4m3,
+    torch.float8_e5m2: float8_e5m2,
+    torch.int8: int8,
+}
+if hasattr(torch, "float4_e2m1fn_x2"):
+    TORCH_DTYPE_TO_ELEM_DTYPE[torch.float4_e2m1fn_x2] = float4_e2m1
+
 # Custom formats must keep every value, and every value times any E8M0 scale, exact in fp32:
 # the smallest subnormal 2**(1 - bias - m) times 2**-127 must not fall below 2**-149, and the
 # scaled values (below 2**(emax + 1)) and their grid spacings must stay normal fp32 numbers.
@@ -218,29 +246,42 @@ _CUSTOM_NAME = re.compile(r"e(\d)m(\d)(?:_bias(\d+))?")
 
 
 def from_name(name: str) -> DType:
-    """The format called `name`: a built-in OCP name or a custom one such as "e1m2"."""
+    """The format called `name`: a built-in OCP name, one of its `ALIASES` ("mxfp4",
+    "float8_e4m3fn", ...) or a custom one such as "e1m2"."""
     if not isinstance(name, str):
         raise TypeError(f"elem_dtype name must be a str, got {type(name).__name__}")
-    if name in STR_TO_SUPPORTED_ELEM_DTYPE:
-        return STR_TO_SUPPORTED_ELEM_DTYPE[name]
+    dtype = _BY_NAME.get(name)
+    if dtype is not None:
+        return dtype
     match = _CUSTOM_NAME.fullmatch(name)
     if match:
         e, m, bias = match.groups()
         dtype = ExMy(int(e), int(m), bias=None if bias is None else int(bias))
         if dtype.name == name:
             return dtype
+    if name in _AMBIGUOUS:
+        raise ValueError(f"elem_dtype {name!r} is ambiguous: {_AMBIGUOUS[name]}")
     raise ValueError(
-        f"unknown elem_dtype {name!r}; allowed: {', '.join(STR_TO_SUPPORTED_ELEM_DTYPE)} "
+        f"unknown elem_dtype {name!r}; allowed: {', '.join(STR_TO_SUPPORTED_ELEM_DTYPE)}, "
+        f"their aliases {', '.join(ALIASES)} "
         "or a custom minifloat name 'e<E>m<M>[_bias<B>]' (see torchmx.dtypes.ExMy)"
     )
 
 
-def resolve(elem_dtype: Union[DType, str]) -> DType:
-    """Accept a DType or its name wherever a format is asked for."""
+def resolve(elem_dtype: Union[DType, str, torch.dtype]) -> DType:
+    """Accept a DType, its name (or alias) or a torch dtype wherever a format is asked for."""
     if isinstance(elem_dtype, DType):
         return elem_dtype
     if isinstance(elem_dtype, str):
         return from_name(elem_dtype)
+    if isinstance(elem_dtype, torch.dtype):
+        dtype = TORCH_DTYPE_TO_ELEM_DTYPE.get(elem_dtype)
+        if dtype is None:
+            raise ValueError(f"elem_dtype {elem_dtype} is not an MX element format; allowed torch "
+                             f"dtypes: {', '.join(map(str, TORCH_DTYPE_TO_ELEM_DTYPE))}, or a "
+                             "format name")
+        return dtype
     raise TypeError(
-        f"elem_dtype must be a torchmx.dtypes.DType or its name, got {type(elem_dtype).__name__}"
+        "elem_dtype must be a torchmx.dtypes.DType or its name (or a torch dtype such as "
+        f"torch.float8_e4m3fn), got {type(elem_dtype).__name__}"
     )

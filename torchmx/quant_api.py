@@ -2,17 +2,25 @@
 
 - `quantize_linear_(model, qconfig)`: nn.Linear (and MXLinear) -> MXInferenceLinear.
 - `prepare_qat_(model, qconfig)`: nn.Linear -> MXLinear (quantization-aware training).
-- `quantize_llm_(model, qattention_config, qmlp_config)`: transformers decoder models: the
+- `quantize_llm_(model, qattention_config, qmlp_config=None)`: transformers decoder models: the
   q/k/v/o projections per `qattention_config.projection_config`, every other linear per
-  `qmlp_config`, and, when `qattention_config` sets q/k/v/attention-weights configs, the two
-  attention matmuls (torchmx.nn.attention, via transformers' attention registry).
+  `qmlp_config` (None: the projections' config), and, when `qattention_config` sets
+  q/k/v/attention-weights configs, the two attention matmuls (torchmx.nn.attention, via
+  transformers' attention registry).
 
-Each takes `include`/`exclude` (regexes searched in module names; by default output heads such
-as `lm_head` are excluded) and `filter_fn(module, name)`, shows a progress bar for large models,
-and returns a `QuantizationSummary`. The torchao config `MXInferenceLinearConfig` (for
-`torchao.quantization.quantize_`) is importable from here; it imports torchao on first use.
+A linear config may be a QLinearConfig, an MXConfig or a format name ("mxfp4", "float8_e4m3",
+a torch dtype, ...) for the weights (activations then stay in high precision).
+
+Each takes `include`/`exclude` (regexes searched in module names) and `filter_fn(module, name)`,
+shows a progress bar for large models, and returns a `QuantizationSummary`. Like torchao's
+`quantize_`, they quantize every linear layer by default, the output head (`lm_head`) included;
+`exclude=OUTPUT_HEADS` keeps the heads in high precision. The torchao configs
+(`MXInferenceLinearConfig`, `MXQATConfig`, `MXWeightOnlyConfig`,
+`MXDynamicActivationMXWeightConfig`, for `torchao.quantization.quantize_`) are importable from
+here; they import torchao (the `torchmx[torchao]` extra) on first use.
 """
 
+import importlib
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -23,25 +31,29 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import dtypes
-from .config import MXConfig, QAttentionConfig, QLinearConfig
+from .config import MXConfig, QAttentionConfig, QLinearConfig, as_attention_config, as_linear_config
 from .nn import attention as mx_attention
 from .nn.inference_linear import MXInferenceLinear
-from .nn.mx_linear import MXLinear, check_qconfig, describe_qconfig
+from .nn.mx_linear import MXLinear, describe_qconfig
 
 __all__ = [
-    "DEFAULT_EXCLUDE",
+    "OUTPUT_HEADS",
     "QuantizationSummary",
     "quantize_linear_",
     "prepare_qat_",
     "quantize_llm_",
     "MXInferenceLinearConfig",
     "MXQATConfig",
+    "MXWeightOnlyConfig",
+    "MXDynamicActivationMXWeightConfig",
     "mx_dynamic_activation_mx_weights",
 ]
 
-# Output heads keep full precision by default (they are often tied to the embeddings and are
-# the most sensitive layer): modules whose last name component is one of these.
-DEFAULT_EXCLUDE = r"(^|\.)(lm_head|output|classifier|score|embed_out)$"
+# Output heads (modules whose last name component is one of these): pass exclude=OUTPUT_HEADS
+# to keep them in high precision (they are often tied to the embeddings and are the most
+# sensitive layer). Not excluded by default, so that every entry point, torchao's quantize_
+# included, quantizes the same layers.
+OUTPUT_HEADS = r"(^|\.)(lm_head|output|classifier|score|embed_out)$"
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _PROGRESS_MIN_LAYERS = 64  # progress=None shows a bar from this many layers on (on a terminal)
 
@@ -172,33 +184,43 @@ def _is_float_linear(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear)  # MXLinear included: QAT -> inference
 
 
+LinearConfigLike = Union[QLinearConfig, MXConfig, str, dtypes.DType, torch.dtype]
+
+
 def quantize_linear_(
     model: nn.Module,
-    qconfig: QLinearConfig,
+    qconfig: LinearConfigLike,
     *,
     filter_fn: Optional[FilterFn] = None,
     include: Patterns = None,
-    exclude: Patterns = DEFAULT_EXCLUDE,
+    exclude: Patterns = None,
     progress: Optional[bool] = None,
 ) -> QuantizationSummary:
     """Swap the model's nn.Linear (and MXLinear) layers for MXInferenceLinear, in place.
 
+    `qconfig`: a QLinearConfig, or an MXConfig / format name ("mxfp4", ...) for the weights.
     A layer named `name` is swapped when `name` matches one of `include` (regexes, searched;
-    None: every layer), none of `exclude` (default `DEFAULT_EXCLUDE`: output heads such as
-    `lm_head`; pass None to quantize them too) and `filter_fn(module, name)` (if given) is true.
+    None: every layer), none of `exclude` (None: no layer excluded, the output head included;
+    `OUTPUT_HEADS` keeps `lm_head` and other heads in high precision) and
+    `filter_fn(module, name)` (if given) is true.
     `progress`: True/False forces the progress bar on/off; None shows it for large models.
     """
-    check_qconfig(qconfig)
+    qconfig = as_linear_config(qconfig)
     select = _selector(include, exclude, filter_fn)
     return _swap_linears(model, _is_float_linear, select,
                          lambda m, name: _pack(m, name, qconfig),
                          progress, "torchmx: quantizing linear layers")
 
 
+def _forward(qconfig: QLinearConfig):
+    return qconfig.weights_config, qconfig.activations_config
+
+
 def _pack(module: nn.Linear, name: str, qconfig: QLinearConfig) -> MXInferenceLinear:
-    """MXInferenceLinear.from_float, warning when an MXLinear trained with another config."""
+    """MXInferenceLinear.from_float, warning when an MXLinear trained with another forward
+    config (its weights or activations format; the gradient config plays no part in packing)."""
     trained = getattr(module, "qconfig", None)
-    if isinstance(module, MXLinear) and trained != qconfig:
+    if isinstance(module, MXLinear) and _forward(trained) != _forward(qconfig):
         warnings.warn(f"{name}: this MXLinear was trained (QAT) with [{describe_qconfig(trained)}] "
                       f"and is now packed with [{describe_qconfig(qconfig)}]; pass the training "
                       "config to quantize with what the model learned", UserWarning, stacklevel=5)
@@ -207,17 +229,17 @@ def _pack(module: nn.Linear, name: str, qconfig: QLinearConfig) -> MXInferenceLi
 
 def prepare_qat_(
     model: nn.Module,
-    qconfig: QLinearConfig,
+    qconfig: LinearConfigLike,
     *,
     filter_fn: Optional[FilterFn] = None,
     include: Patterns = None,
-    exclude: Patterns = DEFAULT_EXCLUDE,
+    exclude: Patterns = None,
     progress: Optional[bool] = None,
 ) -> QuantizationSummary:
     """Swap the model's nn.Linear layers for MXLinear (same parameters, shared), in place, for
-    quantization-aware training. Filters as in quantize_linear_. After training,
-    `quantize_linear_(model, qconfig)` packs the weights (MXInferenceLinear)."""
-    check_qconfig(qconfig)
+    quantization-aware training. `qconfig` and the filters as in quantize_linear_. After
+    training, `quantize_linear_(model, qconfig)` packs the weights (MXInferenceLinear)."""
+    qconfig = as_linear_config(qconfig)
     select = _selector(include, exclude, filter_fn)
     return _swap_linears(model, lambda m: type(m) is nn.Linear, select,
                          lambda m, name: MXLinear.from_float(m, qconfig),
@@ -246,12 +268,12 @@ def _attention_implementation(model: nn.Module) -> str:
 
 def quantize_llm_(
     model: nn.Module,
-    qattention_config: QAttentionConfig,
-    qmlp_config: QLinearConfig,
+    qattention_config: Union[QAttentionConfig, LinearConfigLike],
+    qmlp_config: Optional[LinearConfigLike] = None,
     *,
     filter_fn: Optional[FilterFn] = None,
     include: Patterns = None,
-    exclude: Patterns = DEFAULT_EXCLUDE,
+    exclude: Patterns = None,
     progress: Optional[bool] = None,
 ) -> QuantizationSummary:
     """Quantize a transformers decoder model (Llama, Qwen2 and alike) in place.
@@ -265,14 +287,17 @@ def quantize_llm_(
       "torchmx_eager"/"torchmx_sdpa" (registered with transformers' AttentionInterface; the
       masks stay those of the original implementation).
 
+    `qattention_config`: a QAttentionConfig, or a linear config (QLinearConfig, MXConfig or
+    format name) for the projections alone; `qmlp_config`: a linear config (None: the
+    projections' config).
     `include`/`exclude`/`filter_fn` select layers as in quantize_linear_ (`lm_head` is
-    excluded by default); `include`/`exclude` also select the attention modules (by their
-    names) whose matmuls run in MX.
+    quantized unless excluded, e.g. with `exclude=OUTPUT_HEADS`); `include`/`exclude` also
+    select the attention modules (by their names) whose matmuls run in MX.
     """
-    if not isinstance(qattention_config, QAttentionConfig):
-        raise TypeError("qattention_config must be a torchmx.config.QAttentionConfig, got "
-                        f"{type(qattention_config).__name__}")
-    check_qconfig(qmlp_config)
+    qattention_config = as_attention_config(qattention_config)
+    if qmlp_config is None:
+        qmlp_config = qattention_config.projection_config
+    qmlp_config = as_linear_config(qmlp_config, "qmlp_config")
     _check_model(model)
     select = _selector(include, exclude, filter_fn)
     attention_names_ok = _name_filter(include, exclude)
@@ -315,15 +340,14 @@ def quantize_llm_(
 
 # ------------------------------------------------------------------------------ torchao
 
-_TORCHAO_NAMES = ("MXInferenceLinearConfig", "MXQATConfig")
+_TORCHAO_NAMES = ("MXInferenceLinearConfig", "MXQATConfig", "MXWeightOnlyConfig",
+                  "MXDynamicActivationMXWeightConfig")
 
 
 def __getattr__(name):
-    # torchao takes seconds to import: only when its config classes are asked for.
+    # torchao is an optional extra and takes seconds to import: only when its configs are asked for.
     if name in _TORCHAO_NAMES:
-        from .nn import torchao_config
-
-        return getattr(torchao_config, name)
+        return getattr(importlib.import_module(".nn.torchao_config", __package__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -335,8 +359,7 @@ def mx_dynamic_activation_mx_weights(
 ):
     """torchmx 0.1.0's helper for torchao.quantization.quantize_: now returns an
     `MXInferenceLinearConfig` (a torchao AOBaseConfig) with these formats."""
-    from .nn.torchao_config import MXInferenceLinearConfig
-
-    return MXInferenceLinearConfig(QLinearConfig(
+    config_class = __getattr__("MXInferenceLinearConfig")
+    return config_class(QLinearConfig(
         MXConfig(weight_elem_dtype, weight_block_size),
         MXConfig(activation_elem_dtype, activation_block_size)))

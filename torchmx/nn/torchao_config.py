@@ -1,53 +1,115 @@
-"""Configs for `torchao.quantization.quantize_(model, config)` (this module imports torchao).
+"""Configs for `torchao.quantization.quantize_(model, config)` (this module imports torchao,
+the optional extra `pip install 'torchmx[torchao]'`).
 
     from torchao.quantization import quantize_
-    from torchmx.quant_api import MXInferenceLinearConfig
-    quantize_(model, MXInferenceLinearConfig(qconfig))     # nn.Linear -> MXInferenceLinear
+    from torchmx.quant_api import MXWeightOnlyConfig, MXDynamicActivationMXWeightConfig
+    quantize_(model, MXWeightOnlyConfig(weight_dtype="mxfp4"))
+    quantize_(model, MXDynamicActivationMXWeightConfig(activation_dtype=torch.float8_e4m3fn,
+                                                       weight_dtype="mxfp4"))
+    quantize_(model, MXInferenceLinearConfig(qconfig))     # the nested form: a QLinearConfig
 
-torchao calls the registered handler on every module its `filter_fn` accepts (by default every
-nn.Linear, the output head included) and puts the returned module in its place. The swap is a
-module swap (no torchao tensor subclass), so the model then runs eagerly, under torch.compile,
-and saves like any torchmx model.
+The flat configs are named and spelled as torchao names its own (`weight_dtype`,
+`activation_dtype`: a torch dtype, a format name or alias, or a torchmx DType). torchao calls
+the registered handler on every module its `filter_fn` accepts (by default every nn.Linear,
+the output head included, as torchmx's own quantize_linear_ does) and puts the returned module
+in its place. The swap is a module swap (no torchao tensor subclass), so the model then runs
+eagerly, under torch.compile, and saves like any torchmx model.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import nn
-from torchao.core.config import AOBaseConfig
-from torchao.quantization.transform_module import register_quantize_module_handler
 
-from ..config import QLinearConfig
+try:
+    from torchao.core.config import AOBaseConfig
+    from torchao.quantization.transform_module import register_quantize_module_handler
+except ImportError as error:
+    raise ImportError("torchmx's torchao configs need torchao: pip install 'torchmx[torchao]' "
+                      f"({error})") from error
+
+from ..config import MXConfig, QLinearConfig, as_linear_config
 from .inference_linear import MXInferenceLinear
-from .mx_linear import MXLinear, check_qconfig
+from .mx_linear import MXLinear
 
-__all__ = ["MXInferenceLinearConfig", "MXQATConfig"]
+__all__ = ["MXInferenceLinearConfig", "MXQATConfig", "MXWeightOnlyConfig",
+           "MXDynamicActivationMXWeightConfig"]
 
 
 @dataclass
 class MXInferenceLinearConfig(AOBaseConfig):
-    """quantize_ swaps each selected nn.Linear (or MXLinear) for MXInferenceLinear(qconfig)."""
+    """quantize_ swaps each selected nn.Linear (or MXLinear) for MXInferenceLinear(qconfig).
+    `qconfig`: a QLinearConfig, or an MXConfig / format name for the weights."""
 
-    qconfig: QLinearConfig
+    qconfig: Any
 
     def __post_init__(self):
-        check_qconfig(self.qconfig)
+        self.qconfig = as_linear_config(self.qconfig)
 
 
 @dataclass
 class MXQATConfig(AOBaseConfig):
     """quantize_ swaps each selected nn.Linear for MXLinear(qconfig) (parameters shared)."""
 
-    qconfig: QLinearConfig
+    qconfig: Any
 
     def __post_init__(self):
-        check_qconfig(self.qconfig)
+        self.qconfig = as_linear_config(self.qconfig)
 
 
-@register_quantize_module_handler(MXInferenceLinearConfig)
-def _to_inference_linear(module: nn.Module, config: MXInferenceLinearConfig) -> nn.Module:
+@dataclass
+class MXWeightOnlyConfig(AOBaseConfig):
+    """MX weights, activations in high precision: quantize_ swaps each selected nn.Linear for
+    MXInferenceLinear. `weight_dtype`: a torch dtype (torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.float4_e2m1fn_x2, torch.int8), a format name or alias ("mxfp4", "float6_e2m3"), or a
+    torchmx DType."""
+
+    weight_dtype: Any = torch.float8_e4m3fn
+    block_size: int = 32
+    scale_mode: str = "floor"
+    rounding: str = "even"
+
+    def __post_init__(self):
+        self.qconfig  # building the nested config validates every field
+
+    @property
+    def qconfig(self) -> QLinearConfig:
+        return QLinearConfig(MXConfig(self.weight_dtype, self.block_size, self.scale_mode,
+                                      self.rounding))
+
+
+@dataclass
+class MXDynamicActivationMXWeightConfig(AOBaseConfig):
+    """MX weights and MX activations quantized on the fly, both with blocks of `block_size`
+    along K: quantize_ swaps each selected nn.Linear for MXInferenceLinear. The dtypes as in
+    MXWeightOnlyConfig (defaults MXFP8 E4M3, as torchao's config of this name)."""
+
+    activation_dtype: Any = torch.float8_e4m3fn
+    weight_dtype: Any = torch.float8_e4m3fn
+    block_size: int = 32
+    scale_mode: str = "floor"
+    rounding: str = "even"
+
+    def __post_init__(self):
+        self.qconfig  # building the nested config validates every field
+
+    @property
+    def qconfig(self) -> QLinearConfig:
+        def mx(dtype):
+            return MXConfig(dtype, self.block_size, self.scale_mode, self.rounding)
+
+        return QLinearConfig(mx(self.weight_dtype), mx(self.activation_dtype))
+
+
+def _to_inference_linear(module: nn.Module, config) -> nn.Module:
     if not isinstance(module, nn.Linear):  # a custom filter_fn may select anything
         return module
     return MXInferenceLinear.from_float(module, config.qconfig)
+
+
+for _config in (MXInferenceLinearConfig, MXWeightOnlyConfig, MXDynamicActivationMXWeightConfig):
+    register_quantize_module_handler(_config)(_to_inference_linear)
 
 
 @register_quantize_module_handler(MXQATConfig)
