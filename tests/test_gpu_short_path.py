@@ -133,7 +133,7 @@ def test_launch_keys_refine_tritons(monkeypatch):
             names, known, defaults, constexpr = _launch._signature(kernel)
             values = list(args) + [kwargs[n] if n in kwargs else defaults[n]
                                    for n in names[len(args):]]
-            ours = (kernel, tuple(map(_launch._specialization, values, constexpr)),
+            ours = (kernel, _launch._key(values, constexpr),
                     tuple(sorted((k, v) for k, v in kwargs.items() if k not in known)))
             assert triton_keys.setdefault(ours, triton_key) == triton_key, kernel.fn.__name__
         real_launch(kernel, grid, *args, **kwargs)

@@ -1,12 +1,12 @@
 """Launching a Triton kernel whose specialization is already known.
 
 `kernel[grid](*args, **kwargs)` binds every argument, asks Triton's specializer about each,
-hashes the result into a cache key and looks the compiled kernel up: about 15 us of host time
-per launch for this project's argument lists, as much as the GPU spends on a small quantize.
+hashes the result into a cache key and looks the compiled kernel up, for every launch: host
+time of the order of a small quantize's GPU time with this project's argument lists.
 `launch(kernel, grid, *args, **kwargs)` keeps the compiled kernel under a key that refines
-Triton's own (each constexpr's value; each tensor's dtype and 16-byte alignment; each int's
-range, whether it is 1, and whether 16 divides it; every other value itself), so a second call with arguments of the
-same specialization calls the compiled kernel directly, as `CompiledKernel[grid](...)` does.
+Triton's own (`_key`), so a later call with arguments of the same specialization calls the
+compiled kernel directly, as `CompiledKernel[grid](...)` does. A GPU test checks over a sweep
+that no two launches with one key have different Triton keys.
 
 Off CUDA (Triton's interpreter) and while a launch hook is installed (Triton's profilers),
 every call takes `kernel[grid]` itself.
@@ -33,21 +33,28 @@ def _signature(kernel):
     return signature
 
 
-def _specialization(value, constexpr: bool):
-    """What Triton's specializer can tell apart about `value` (a constexpr: the value), or
-    more."""
-    if constexpr:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.dtype, value.data_ptr() & 15 == 0
-    if type(value) is int:
-        return value == 1, value & 15 == 0, -2**31 <= value < 2**31, value < 2**63
-    return type(value), value
+def _key(values, constexpr) -> tuple:
+    """What Triton's specializer can tell apart about the arguments, or more: a constexpr's
+    value; a tensor's dtype and address modulo 16; an int's range, whether it is 1 and its
+    residue modulo 16; a float's type; any other value itself."""
+    return tuple([
+        value if is_constexpr
+        else (value.dtype, value.data_ptr() & 15) if isinstance(value, torch.Tensor)
+        else (value == 1, value & 15, -2**31 <= value < 2**31, value < 2**63)
+        if type(value) is int
+        else float if type(value) is float  # passed as fp32, never specialized
+        else (type(value), value)
+        for value, is_constexpr in zip(values, constexpr)])
+
+
+_RUNTIME = []  # [triton.knobs.runtime], looked up on the first launch
 
 
 def _hooks_installed() -> bool:
-    from triton import knobs  # Triton is imported by then: the kernel is a Triton kernel
-    runtime = knobs.runtime
+    if not _RUNTIME:
+        from triton import knobs  # Triton is imported by then: the kernel is a Triton kernel
+        _RUNTIME.append(knobs.runtime)
+    runtime = _RUNTIME[0]
     return any(getattr(hook, "calls", hook) for hook in (runtime.launch_enter_hook,
                                                          runtime.launch_exit_hook))
 
@@ -63,7 +70,7 @@ def launch(kernel, grid, *args, **kwargs) -> None:
         values.append(kwargs[name] if name in kwargs else defaults[name])
     options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in known))
     device = torch.cuda.current_device()
-    key = (kernel, device, options, tuple(map(_specialization, values, constexpr)))
+    key = (kernel, device, options, _key(values, constexpr))
     compiled = _COMPILED.get(key)
     if compiled is None:
         _COMPILED[key] = kernel[grid](*args, **kwargs)

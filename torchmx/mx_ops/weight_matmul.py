@@ -187,8 +187,10 @@ def _route(a, w, k_dim: int, bias, out_dtype: torch.dtype) -> Optional[Tensor]:
         if fast is not None:
             return fast
         a = dequantize(a, out_dtype)
-    if short_path():  # the operator's body, without the dispatcher's round trip
-        return mx_weight_linear.fn(a, scale, data, w.elem_dtype.name, w.block_size,
-                                   w.shape[k_dim], bias, out_dtype)
+    K = w.shape[k_dim]
+    if short_path():  # the operator's body, its parts known consistent (one MXTensor's)
+        if a.shape[-1] != K or (bias is not None and bias.shape[0] != scale.shape[0]):
+            return None  # the exact path reports the mismatch as torch would
+        return kernels.linear(a, scale, data, w.elem_dtype, w.block_size, K, bias, out_dtype)
     return torch.ops.torchmx.mx_weight_linear(a, scale, data, w.elem_dtype.name, w.block_size,
-                                              w.shape[k_dim], bias, out_dtype)
+                                              K, bias, out_dtype)
