@@ -56,9 +56,25 @@ def short_layer_name(name: str) -> str:
 
 
 # Formats with the same mantissa width give nearly the same SQNR (float8_e5m2 and float6_e3m2):
-# every recipe gets its own marker and line style so that no line hides another.
+# every recipe gets its own marker, size and line style, and the legend names the lines that
+# lie on an earlier one, so that no recipe hides unseen.
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p")
 _STYLES = ("-", "--", ":", "-.")
+_SAME_DB = 0.1
+
+
+def _legend_labels(report: EncoderReport) -> list:
+    labels, drawn = [], []
+    for r in report.results:
+        values = [r.per_layer_sqnr_db[name] for name in report.linear_layers]
+        label = r.recipe.label
+        for other, other_values in drawn:
+            if all(abs(a - b) <= _SAME_DB for a, b in zip(values, other_values)):
+                label += f" (on {other.recipe.formats}: within {_SAME_DB} dB)"
+                break
+        labels.append(label)
+        drawn.append((r, values))
+    return labels
 
 
 def write_chart(report: EncoderReport, path: Path) -> None:
@@ -70,10 +86,11 @@ def write_chart(report: EncoderReport, path: Path) -> None:
 
     layers = report.linear_layers
     figure, axes = plt.subplots(figsize=(max(11, 0.3 * len(layers)), 6.5), dpi=110)
-    for i, r in enumerate(report.results):
+    for i, (r, label) in enumerate(zip(report.results, _legend_labels(report))):
         values = [r.per_layer_sqnr_db[name] for name in layers]
         axes.plot(range(len(values)), values, marker=_MARKERS[i % len(_MARKERS)],
-                  linestyle=_STYLES[i % len(_STYLES)], markersize=5, markerfacecolor="none", linewidth=1.2, label=r.recipe.label)
+                  linestyle=_STYLES[i % len(_STYLES)], markersize=8 - 1.5 * (i % 3),
+                  markerfacecolor="none", linewidth=1.2, label=label)
     axes.set_xticks(range(len(layers)))
     axes.set_xticklabels([short_layer_name(name) for name in layers], rotation=90, fontsize=7)
     axes.set_xlim(-0.5, len(layers) - 0.5)
@@ -81,7 +98,6 @@ def write_chart(report: EncoderReport, path: Path) -> None:
     axes.set_ylabel("SQNR (dB), layer quantized alone")
     axes.set_title(f"{report.model_name}: per-layer quantization error by MX recipe")
     axes.grid(True, alpha=0.3)
-    axes.legend(fontsize=8, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path)
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: hides no point
+    figure.savefig(path, bbox_inches="tight")
     plt.close(figure)
