@@ -37,6 +37,12 @@ def test_timing_alternates_after_warm_up():
     assert [len(t) for t in times] == [3, 3] and all(ms >= 0 for t in times for ms in t)
 
 
+def test_timing_waits_for_the_device_around_each_call():
+    calls = []
+    _interleaved_ms([lambda: calls.append("a")], repeat=2, synchronize=lambda: calls.append("sync"))
+    assert calls == ["a", "a"] + ["sync", "a", "sync"] * 2
+
+
 def test_block_size_checked_on_every_linear():
     model = nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 4))
     check_block_size(model, 8)

@@ -132,17 +132,21 @@ class EncoderReport:
         return out
 
 
-def _interleaved_ms(fns: Sequence[Callable[[], object]], repeat: int) -> List[List[float]]:
+def _interleaved_ms(fns: Sequence[Callable[[], object]], repeat: int,
+                    synchronize: Callable[[], None] = lambda: None) -> List[List[float]]:
     """Times (ms) of `repeat` calls of each function, called in turn, after two warm-up calls
-    each (the first call of a model builds caches and allocates its buffers)."""
+    each (the first call of a model builds caches and allocates its buffers). `synchronize`
+    waits for the device (a GPU runs the calls asynchronously)."""
     for fn in fns:
         fn()
         fn()
     times = [[] for _ in fns]
     for _ in range(repeat):
         for fn, samples in zip(fns, times):
+            synchronize()
             start = time.perf_counter()
             fn()
+            synchronize()
             samples.append(1e3 * (time.perf_counter() - start))
     return times
 
@@ -232,6 +236,7 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
         environment=environment(device))
     modules = dict(model.named_modules())
     reference_neighbours = nearest_neighbours(reference)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     full_precision_ms = []
     for recipe in (progress or (lambda r: r))(recipes):
         qconfig = recipe.qconfig()
@@ -244,7 +249,7 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
         embeddings = quantized.embed(sentences)
         cosine = (embeddings * reference).sum(dim=1)
         baseline, timed = _interleaved_ms([lambda: encoder.embed(sentences),
-                                           lambda: quantized.embed(sentences)], repeat)
+                                           lambda: quantized.embed(sentences)], repeat, synchronize)
         full_precision_ms += baseline
         report.results.append(RecipeResult(
             recipe=recipe,
@@ -259,6 +264,6 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
             forward_vs_full_precision=statistics.median(timed) / statistics.median(baseline),
         ))
     if not full_precision_ms:
-        full_precision_ms = _interleaved_ms([lambda: encoder.embed(sentences)], repeat)[0]
+        full_precision_ms = _interleaved_ms([lambda: encoder.embed(sentences)], repeat, synchronize)[0]
     report.forward_ms = statistics.median(full_precision_ms)
     return report
