@@ -4,7 +4,8 @@ import pytest
 from torch import nn
 
 from torchmx.config import MXConfig, QLinearConfig
-from torchmx.evaluate import EncoderReport, Recipe, RecipeResult, _interleaved_ms, check_block_size
+from torchmx.evaluate import (EncoderReport, Recipe, RecipeResult, _interleaved_ms, check_block_size,
+                              evaluate_encoder)
 from torchmx.report import _legend_labels, short_layer_name, write_chart
 
 
@@ -76,3 +77,26 @@ def test_chart_for_more_recipes_than_markers(tmp_path):
     report = fake_report(*[("int8", [30.0 + i, 20.0]) for i in range(14)])
     write_chart(report, tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+class Untouchable:
+    """An encoder whose use fails the test: the recipes must be refused before any work."""
+
+    model = nn.Sequential(nn.Linear(64, 8))
+
+    def tokenize(self, sentences):
+        raise AssertionError("the encoder ran before the recipes were checked")
+
+    embed = tokenize
+
+
+@pytest.mark.parametrize("recipes, repeat, words", [
+    ([Recipe("int8"), Recipe("fp5")], 1, "unknown elem_dtype 'fp5'"),
+    ([Recipe("int8", activation_dtype="fp5")], 1, "unknown elem_dtype 'fp5'"),
+    ([Recipe("int8", scale_mode="round")], 1, "scale_mode"),
+    ([Recipe("int8", block_size=48)], 1, "block size 48 does not divide in_features 64 of layer 0"),
+    ([Recipe("int8")], 0, "repeat must be >= 1, got 0"),
+])
+def test_evaluate_refuses_bad_recipes_before_the_work(recipes, repeat, words):
+    with pytest.raises(ValueError, match=words):
+        evaluate_encoder(Untouchable(), recipes, repeat=repeat)

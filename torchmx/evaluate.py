@@ -220,7 +220,8 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
     model = encoder.model
-    for recipe in recipes:
+    for recipe in recipes:  # every mistake before the work
+        recipe.qconfig()
         check_block_size(model, recipe.block_size)
     log = log or (lambda line: None)
     log(f"full-precision reference on {len(sentences)} sentences")
