@@ -131,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("torchmx-report"), metavar="DIR",
                         help="output directory for report.json and per_layer_sqnr.png, created if "
                              "missing (default torchmx-report)")
-    parser.add_argument("--repeat", type=_repeat, default=10, metavar="N",
+    parser.add_argument("--repeat", type=_repeat, default=7, metavar="N",
                         help="timed forward passes per model, in alternation with the full-precision "
-                             "model; the median is reported (default 10)")
+                             "model; the median is reported (default 7)")
     return parser
 
 

@@ -134,11 +134,11 @@ class EncoderReport:
 
 def _interleaved_ms(fns: Sequence[Callable[[], object]], repeat: int,
                     synchronize: Callable[[], None] = lambda: None) -> List[List[float]]:
-    """Times (ms) of `repeat` calls of each function, called in turn, after two warm-up calls
-    each (the first call of a model builds caches and allocates its buffers). `synchronize`
-    waits for the device (a GPU runs the calls asynchronously)."""
+    """Times (ms) of `repeat` calls of each function, called in turn, after a warm-up call of
+    each (the first calls of a model build caches and allocate its buffers: the caller has run
+    each model once already). `synchronize` waits for the device (a GPU runs the calls
+    asynchronously)."""
     for fn in fns:
-        fn()
         fn()
     times = [[] for _ in fns]
     for _ in range(repeat):
@@ -209,7 +209,7 @@ def check_block_size(model: nn.Module, block_size: int, layers: Optional[Iterabl
 
 
 def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str] = DEMO_SENTENCES,
-                     *, model_name: str = "encoder", repeat: int = 10,
+                     *, model_name: str = "encoder", repeat: int = 7,
                      progress: Optional[Callable[[Iterable], Iterable]] = None,
                      log: Optional[Callable[[str], None]] = None) -> EncoderReport:
     """Measure every recipe on `encoder` (an object with `.model`, `.tokenize(sentences)` and
