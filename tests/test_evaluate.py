@@ -100,3 +100,18 @@ class Untouchable:
 def test_evaluate_refuses_bad_recipes_before_the_work(recipes, repeat, words):
     with pytest.raises(ValueError, match=words):
         evaluate_encoder(Untouchable(), recipes, repeat=repeat)
+
+
+def test_environment_names_versions_device_and_date():
+    import datetime
+
+    import torch
+
+    import torchmx
+    from torchmx.evaluate import environment
+
+    env = environment(torch.device("cpu"))
+    assert (env["torchmx"], env["torch"]) == (torchmx.__version__, torch.__version__)
+    assert env["device"].startswith("cpu: ") and env["device"].endswith(f", {torch.get_num_threads()} threads")
+    age = datetime.datetime.now(datetime.timezone.utc) - datetime.datetime.fromisoformat(env["date"])
+    assert datetime.timedelta(0) <= age < datetime.timedelta(minutes=1)

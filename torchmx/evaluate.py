@@ -151,6 +151,18 @@ def _interleaved_ms(fns: Sequence[Callable[[], object]], repeat: int,
     return times
 
 
+def _cpu_name() -> str:
+    """The CPU model on Linux (platform.processor() says only "x86_64" there)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment(device: torch.device) -> Dict[str, str]:
     """What a timing depends on: versions, the device, the date (UTC)."""
     from . import __version__
@@ -158,7 +170,7 @@ def environment(device: torch.device) -> Dict[str, str]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+        name = f"{_cpu_name()}, {torch.get_num_threads()} threads"
     return {"torchmx": __version__, "torch": torch.__version__, "python": platform.python_version(),
             "device": f"{device.type}: {name}",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
