@@ -217,9 +217,9 @@ def extra(**weights):
     (lambda p: write_state(p, **{k: v for k, v in mx_state().items() if k != "a._extra_state"}),
      "a: an MX weight without a._extra_state"),
     (lambda p: write_state(p, **mx_state(**{"a.weight_data": torch.tensor(3, dtype=torch.uint8)})),
-     "a.weight_data: a 0-d uint8 tensor; MX codes are uint8 with at least one dimension"),
+     "a.weight_data: a 0-d uint8 tensor; MX codes are uint8 or int8 with at least one dimension"),
     (lambda p: write_state(p, **mx_state(**{"a.weight_scale": torch.zeros(4, 1)})),
-     "a.weight_scale: a 2-d float32 tensor; MX codes are uint8"),
+     "a.weight_scale: a 2-d float32 tensor; MX codes are uint8 with at least one dimension"),
     (lambda p: torch.save(nn.Linear(4, 4), p),
      "holds a pickled torch.nn.modules.linear.Linear, which weights_only loading refuses to run; "
      "save model.state_dict() instead"),

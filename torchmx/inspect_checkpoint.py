@@ -18,8 +18,6 @@ from . import dtypes
 
 _SCALE, _DATA, _EXTRA = ".weight_scale", ".weight_data", "._extra_state"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
 _TORCH_ZIP = b"PK\x03\x04"  # torch.save's default (zip) format
 _PICKLE = b"\x80"  # torch.save(_use_new_zipfile_serialization=False): a pickle stream
 _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
@@ -47,7 +45,7 @@ def read_state(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, object], 
     if not isinstance(state, dict):
         raise ValueError(f"{path}: holds a {type(state).__name__}, not a state_dict; "
                          "save model.state_dict() instead")
-    for key, value in state.items():
+    for key in state:
         if not isinstance(key, str):
             raise ValueError(f"{path}: not a state_dict (key {key!r} is of type {type(key).__name__}, not str)")
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
@@ -100,15 +98,16 @@ def _weights_config(layer: str, config: object) -> dict:
     return weights
 
 
-def _check_codes(key: str, tensor: torch.Tensor) -> None:
-    if tensor.dtype not in (torch.uint8, torch.int8) or tensor.dim() < 1:
+def _check_codes(key: str, tensor: torch.Tensor, allowed: Tuple[torch.dtype, ...]) -> None:
+    if tensor.dtype not in allowed or tensor.dim() < 1:
+        names = " or ".join(str(dtype).replace("torch.", "") for dtype in allowed)
         raise ValueError(f"{key}: a {tensor.dim()}-d {str(tensor.dtype).replace('torch.', '')} tensor; "
-                         "MX codes are uint8 with at least one dimension")
+                         f"MX codes are {names} with at least one dimension")
 
 
 def _mx_layer(name: str, scale: torch.Tensor, data: torch.Tensor, config: object) -> str:
-    _check_codes(name + _SCALE, scale)
-    _check_codes(name + _DATA, data)
+    _check_codes(name + _SCALE, scale, (torch.uint8,))
+    _check_codes(name + _DATA, data, (torch.uint8, torch.int8))  # MXINT8 codes may be int8
     weights = _weights_config(name, config)
     fmt = weights["format"]
     # fp4/fp6 store whole packing groups: a length 1-3 codes short of this shows the same.
