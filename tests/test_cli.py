@@ -50,6 +50,9 @@ def test_report_fields(report_dir):
     assert w4a8["linear_bytes"] == fp4["linear_bytes"]
     assert w4a8["cosine_mean"] > fp4["cosine_mean"]
     assert all(result["forward_vs_full_precision"] > 0 for result in report["results"])
+    # --repeat 1: one timed call of each model, the full-precision one beside each recipe's
+    assert [len(result["forward_ms_samples"]) for result in report["results"]] == [1, 1, 1]
+    assert len(report["forward_ms_samples"]) == 3
 
 
 def test_report_records_the_environment(report_dir):

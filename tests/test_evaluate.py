@@ -115,3 +115,15 @@ def test_environment_names_versions_device_and_date():
     assert env["device"].startswith("cpu: ") and env["device"].endswith(f", {torch.get_num_threads()} threads")
     age = datetime.datetime.now(datetime.timezone.utc) - datetime.datetime.fromisoformat(env["date"])
     assert datetime.timedelta(0) <= age < datetime.timedelta(minutes=1)
+
+
+def test_table_warns_when_the_timings_are_noisy():
+    from torchmx.report import format_table, timing_spread
+
+    report = fake_report(("int8", [30.0, 20.0]))
+    report.results[0].forward_ms_samples = [100.0, 110.0, 105.0]
+    report.forward_ms_samples = [50.0, 52.0]
+    assert timing_spread(report) == pytest.approx(1.1) and "note:" not in format_table(report)
+    report.forward_ms_samples = [50.0, 520.0, 51.0]
+    assert timing_spread(report) == pytest.approx(10.4)
+    assert "note: the calls of one model took up to 10.4x as long as its fastest" in format_table(report)

@@ -106,6 +106,7 @@ class RecipeResult:
     linear_bytes: int  # parameters and buffers of the quantized linear layers only
     forward_ms: float
     forward_vs_full_precision: float  # forward_ms / the full-precision median timed alongside
+    forward_ms_samples: List[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -125,6 +126,7 @@ class EncoderReport:
     forward_ms: float
     environment: Dict[str, str] = field(default_factory=dict)
     results: List[RecipeResult] = field(default_factory=list)
+    forward_ms_samples: List[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "results"}
@@ -275,8 +277,10 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
             linear_bytes=_layers_bytes(quantized.model, io),
             forward_ms=statistics.median(timed),
             forward_vs_full_precision=statistics.median(timed) / statistics.median(baseline),
+            forward_ms_samples=timed,
         ))
     if not full_precision_ms:
         full_precision_ms = _interleaved_ms([lambda: encoder.embed(sentences)], repeat, synchronize)[0]
     report.forward_ms = statistics.median(full_precision_ms)
+    report.forward_ms_samples = full_precision_ms
     return report

@@ -41,7 +41,23 @@ def format_table(report: EncoderReport) -> str:
               "(embeddings stay in full precision);",
               "fwd ms: median forward time of the batch; vs fp: over the full-precision median timed "
               "in alternation with it."]
+    spread = timing_spread(report)
+    if spread > NOISY_SPREAD:
+        lines += ["", f"note: the calls of one model took up to {spread:.1f}x as long as its fastest: "
+                  "something else was using the device (on a CPU, busy threads outnumbering the cores "
+                  "make a call up to 10x slower);",
+                  "the milliseconds will differ from another run's; the vs fp ratios compare calls "
+                  "made side by side."]
     return "\n".join(lines)
+
+
+NOISY_SPREAD = 2.0
+
+
+def timing_spread(report: EncoderReport) -> float:
+    """The largest slowest / fastest call ratio of one model (1.0: no samples)."""
+    samples = [report.forward_ms_samples] + [r.forward_ms_samples for r in report.results]
+    return max([max(s) / min(s) for s in samples if s and min(s) > 0], default=1.0)
 
 
 def write_json(report: EncoderReport, path: Path) -> None:
