@@ -66,7 +66,8 @@ def main() -> None:
              "held out": cosine(student, targets["held out"], held_out)}
 
     print("\ncosine similarity with the full-precision embeddings, MXFP4 weights + MXFP8 activations")
-    print(f"{'sentences':<10} {'before QAT (mean / min)':>24} {'after QAT (mean / min)':>24} {'gap recovered':>14}")
+    print(f"{'sentences':<10} {'before QAT (mean / min)':>24} {'after QAT (mean / min)':>24} "
+          f"{'gap recovered':>14}")
     for name in ("train", "held out"):
         b, a = before[name], after[name]
         recovered = (a.mean() - b.mean()) / (1 - b.mean())

@@ -241,7 +241,8 @@ def extra(**weights):
     (lambda p: torch.save({"model": {"w": torch.ones(2)}, "optimizer": {}}, p),
      "holds a dict of dicts ('model', 'optimizer'), not a state_dict"),
     (lambda p: p.write_text("hello world\n"), "not a checkpoint (neither a torch.save file nor safetensors)"),
-    (lambda p: p.write_bytes(bytes(range(256))), "not a checkpoint (neither a torch.save file nor safetensors)"),
+    (lambda p: p.write_bytes(bytes(range(256))),
+     "not a checkpoint (neither a torch.save file nor safetensors)"),
     (lambda p: p.write_bytes(b"PK\x03\x04 truncated"), "not a readable torch checkpoint"),
     (lambda p: p.mkdir(), "is a directory; give a checkpoint file"),
 ])

@@ -112,7 +112,8 @@ def test_environment_names_versions_device_and_date():
 
     env = environment(torch.device("cpu"))
     assert (env["torchmx"], env["torch"]) == (torchmx.__version__, torch.__version__)
-    assert env["device"].startswith("cpu: ") and env["device"].endswith(f", {torch.get_num_threads()} threads")
+    assert env["device"].startswith("cpu: ")
+    assert env["device"].endswith(f", {torch.get_num_threads()} threads")
     age = datetime.datetime.now(datetime.timezone.utc) - datetime.datetime.fromisoformat(env["date"])
     assert datetime.timedelta(0) <= age < datetime.timedelta(minutes=1)
 

@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights-only", action="store_true", help="keep activations in full precision")
     parser.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--model", type=Path, metavar="DIR",
-                        help="a local Hugging Face encoder directory (default: the packaged all-MiniLM-L6-v2)")
+                        help="a local Hugging Face encoder directory "
+                             "(default: the packaged all-MiniLM-L6-v2)")
     parser.add_argument("--sentences", type=Path, metavar="FILE",
                         help="a UTF-8 text file, one sentence per line (default: 16 built-in sentences)")
     parser.add_argument("--out", type=Path, default=Path("torchmx-report"), metavar="DIR",

@@ -47,7 +47,8 @@ def read_state(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, object], 
                          "save model.state_dict() instead")
     for key in state:
         if not isinstance(key, str):
-            raise ValueError(f"{path}: not a state_dict (key {key!r} is of type {type(key).__name__}, not str)")
+            raise ValueError(f"{path}: not a state_dict "
+                             f"(key {key!r} is of type {type(key).__name__}, not str)")
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     if not tensors and state and all(isinstance(v, dict) for v in state.values()):
         raise ValueError(f"{path}: holds a dict of dicts ({', '.join(map(repr, list(state)[:4]))}), "
