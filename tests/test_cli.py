@@ -195,6 +195,7 @@ def test_inspect_checkpoints(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "2 MX layers" in out and "float4_e2m1" in out and "[32, 64]" in out
         assert "4.25 bits/weight" in out and "scale exponents" in out and "0.bias" in out
+        assert "act float8_e4m3" in out
 
 
 def write_state(path, **state):
@@ -225,6 +226,12 @@ def extra(**weights):
      "a._extra_state: elem_dtype_name: unknown elem_dtype 'fp5'"),
     (lambda p: write_state(p, **mx_state(**{"a._extra_state": extra(elem_dtype_name="int8", block_size=0)})),
      "a._extra_state: block_size must be an int >= 1, got 0"),
+    (lambda p: write_state(p, **mx_state(**{"a._extra_state": {"qconfig": {
+        "weights_config": {"elem_dtype_name": "int8"}, "activations_config": "fp8"}}})),
+     "a._extra_state: activations_config is a str, not a dict or null"),
+    (lambda p: write_state(p, **mx_state(**{"a._extra_state": {"qconfig": {
+        "weights_config": {"elem_dtype_name": "int8"}, "activations_config": {"elem_dtype_name": "fp9"}}}})),
+     "a._extra_state: activations_config.elem_dtype_name: unknown elem_dtype 'fp9'"),
     (lambda p: write_state(p, **mx_state(**{"a._extra_state": {"qconfig": 3}})),
      "a._extra_state: no qconfig.weights_config dict"),
     (lambda p: write_state(p, **{k: v for k, v in mx_state().items() if k != "a._extra_state"}),

@@ -99,6 +99,20 @@ def _weights_config(layer: str, config: object) -> dict:
     return weights
 
 
+def _activations(layer: str, config: dict) -> str:
+    """The activations' format name in a layer's config, or "none" (full precision)."""
+    activations = config["qconfig"].get("activations_config")
+    if activations is None:
+        return "none"
+    if not isinstance(activations, dict):
+        raise ValueError(f"{layer}{_EXTRA}: activations_config is a {type(activations).__name__}, "
+                         "not a dict or null")
+    try:
+        return dtypes.from_name(activations.get("elem_dtype_name")).name
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{layer}{_EXTRA}: activations_config.elem_dtype_name: {error}") from None
+
+
 def _check_codes(key: str, tensor: torch.Tensor, allowed: Tuple[torch.dtype, ...]) -> None:
     if tensor.dtype not in allowed or tensor.dim() < 1:
         names = " or ".join(str(dtype).replace("torch.", "") for dtype in allowed)
@@ -116,7 +130,7 @@ def _mx_layer(name: str, scale: torch.Tensor, data: torch.Tensor, config: object
     shape = list(data.shape[:-1]) + [in_features]
     mx_bytes = scale.numel() + data.numel()
     return (f"{name:<48} {fmt.name:<12} block {weights.get('block_size', 32):<4} "
-            f"{weights.get('scale_mode', 'floor')!s:<5} {shape} "
+            f"{weights.get('scale_mode', 'floor')!s:<5} act {_activations(name, config):<12} {shape} "
             f"{mx_bytes:>10,} B  {8 * mx_bytes / max(math.prod(shape), 1):.2f} bits/weight")
 
 
