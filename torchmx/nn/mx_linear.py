@@ -44,7 +44,7 @@ class _MXLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x_saved, w_saved)
         ctx.grad_config = grad
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        return F.linear(x_q, w_q, bias)
+        return _product(x_q, w_q, bias)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -66,6 +66,18 @@ class _MXLinearFunction(torch.autograd.Function):
         if bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = g.sum(0).to(bias_dtype)
         return grad_x, grad_w, grad_b, None
+
+
+def _product(x_q, w_q, bias):
+    """F.linear(x_q, w_q, bias). On CPU outside autocast it runs as torch.ops.torchmx.mx_linear
+    (fp32 sums, one rounding), the op MXInferenceLinear's CPU forward ends in: a packed layer
+    then sums the same products in the same order and gives the QAT output bit for bit (F.linear
+    lets the BLAS add the bias between K chunks, 1 ulp apart from K = 384 on). Elsewhere, and
+    for operands of mixed dtypes (F.linear's error), F.linear as nn.Linear runs it."""
+    dtypes = {x_q.dtype, w_q.dtype} | ({bias.dtype} if bias is not None else set())
+    if x_q.device.type == "cpu" and not torch.is_autocast_enabled("cpu") and len(dtypes) == 1:
+        return torch.ops.torchmx.mx_linear(x_q, w_q, bias, out_dtype=x_q.dtype)
+    return F.linear(x_q, w_q, bias)
 
 
 def mx_linear(x: torch.Tensor, weight: torch.Tensor, bias, qconfig: QLinearConfig) -> torch.Tensor:
