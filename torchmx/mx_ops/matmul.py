@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..mx_tensor import MXTensor, dequantize
 from ..numerics.arguments import HIGH_PRECISION_DTYPES
-from . import layout, strict, weight_matmul
+from . import export, layout, strict, weight_matmul
 from ._registry import implements, implements_torch_function
 from ._util import bind, describe
 
@@ -293,7 +293,13 @@ def _no_out(name, kwargs):
 def _linear_function(func, args, kwargs):
     v = dict(zip(("input", "weight", "bias"), args), **kwargs)
     dtype = _logical_dtype("linear", v)
-    return torch.ops.torchmx.mx_linear(v["input"], v["weight"], v.get("bias"), out_dtype=dtype)
+    try:
+        return torch.ops.torchmx.mx_linear(v["input"], v["weight"], v.get("bias"),
+                                           out_dtype=dtype)
+    except export.Unsupported:  # an MXTensor built in an exported forward: use its parts
+        pass
+    return _mx_linear_handler(torch.ops.torchmx.mx_linear.default,
+                              (v["input"], v["weight"], v.get("bias")), {"out_dtype": dtype})
 
 
 @implements_torch_function(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
@@ -301,7 +307,12 @@ def _matmul_function(func, args, kwargs):
     _no_out("matmul", kwargs)
     v = dict(zip(("input", "other"), args), **kwargs)
     dtype = _logical_dtype("matmul", v)
-    return _call(v["input"], v["other"], out_dtype=dtype)
+    try:
+        return _call(v["input"], v["other"], out_dtype=dtype)
+    except export.Unsupported:  # an MXTensor built in an exported forward: use its parts
+        pass
+    return _mx_matmul_handler(torch.ops.torchmx.mx_matmul.default, (v["input"], v["other"]),
+                              {"out_dtype": dtype})
 
 
 @implements_torch_function(torch.Tensor.__rmatmul__)
