@@ -323,10 +323,16 @@ def _rebuild_mx_tensor(scale, data, elem_dtype_name, block_size, orig_dtype, blo
                        scale_mode, shape, requires_grad, is_parameter=False):
     """Unpickle an MXTensor (validating its parts: a checkpoint is untrusted input), an
     nn.Parameter again if it was one (torch.export.load checks that parameters are)."""
-    tensor = MXTensor(scale, data, elem_dtype_name, block_size, orig_dtype, block_dim=block_dim,
-                      scale_mode=scale_mode, shape=shape)
-    if is_parameter is True:
-        return torch.nn.Parameter(tensor, requires_grad=requires_grad is True)
+    try:
+        for name, flag in (("requires_grad", requires_grad), ("is_parameter", is_parameter)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        tensor = MXTensor(scale, data, elem_dtype_name, block_size, orig_dtype,
+                          block_dim=block_dim, scale_mode=scale_mode, shape=shape)
+    except (TypeError, ValueError) as e:  # any crafted part: one error type for all of them
+        raise ValueError(f"invalid MXTensor in the checkpoint: {e}") from None
+    if is_parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
     return tensor.requires_grad_(requires_grad)
 
 
