@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import QLinearConfig
+from ..numerics import arguments as args
+from . import arguments
 from .functional import fake_quantize
 
 __all__ = ["MXLinear", "mx_linear"]
@@ -82,6 +84,11 @@ def _product(x_q, w_q, bias):
 
 def mx_linear(x: torch.Tensor, weight: torch.Tensor, bias, qconfig: QLinearConfig) -> torch.Tensor:
     """F.linear with MX quantization-aware forward and backward (see MXLinear)."""
+    check_qconfig(qconfig)
+    args.check_tensor(weight, "weight")
+    if bias is not None:
+        args.check_tensor(bias, "bias")
+    arguments.check_linear_input("mx_linear", x, weight.shape[-1])
     return _MXLinearFunction.apply(x, weight, bias, qconfig)
 
 
@@ -96,8 +103,13 @@ class MXLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=None, *, qconfig: QLinearConfig):
+        arguments.check_features("MXLinear", in_features=in_features, out_features=out_features)
+        arguments.check_bias_flag("MXLinear", bias)
+        arguments.check_dtype("MXLinear", dtype)
+        arguments.check_device("MXLinear", device)
+        check_qconfig(qconfig)
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self.qconfig = check_qconfig(qconfig)
+        self.qconfig = qconfig
 
     @classmethod
     def from_float(cls, linear: nn.Linear, qconfig: QLinearConfig) -> "MXLinear":
@@ -121,7 +133,10 @@ class MXLinear(nn.Linear):
         return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return mx_linear(x, self.weight, self.bias, self.qconfig)
+        arguments.check_linear_input(
+            f"MXLinear(in_features={self.in_features}, out_features={self.out_features})", x,
+            self.in_features)
+        return _MXLinearFunction.apply(x, self.weight, self.bias, self.qconfig)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {describe_qconfig(self.qconfig)}"
