@@ -71,6 +71,9 @@ def test_mx_linear_function():
         mx_linear(x, w, None, "int8")
     with pytest.raises(TypeError, match="weight must be a torch.Tensor, got list"):
         mx_linear(x, [[0.0] * 64], None, Q)
+    with pytest.raises(ValueError, match=r"weight must be 2-d \(out_features, in_features\), "
+                                         r"got shape \(\)"):
+        mx_linear(x, torch.tensor(1.0), None, Q)
     with pytest.raises(TypeError, match="bias must be a torch.Tensor, got float"):
         mx_linear(x, w, 1.0, Q)
     with pytest.raises(ValueError, match=r"mx_linear: input of shape \(2, 32\) must end in "

@@ -87,7 +87,7 @@ def test_fuzzed_metadata_entries(tmp_path, saved, key, data):
     path = tmp_path / "m.safetensors"
     path.write_bytes(join(header, tensors))
     message = outcome(path)
-    if message is not None and json.loads(split(saved)[0]["__metadata__"][key]) != value:
+    if message is not None:
         assert any(word in message for word in (key, "checksum", "tied", "extra state",
                                                  "does not match the model")), message
 

@@ -86,6 +86,9 @@ def mx_linear(x: torch.Tensor, weight: torch.Tensor, bias, qconfig: QLinearConfi
     """F.linear with MX quantization-aware forward and backward (see MXLinear)."""
     check_qconfig(qconfig)
     args.check_tensor(weight, "weight")
+    if weight.dim() != 2:
+        raise ValueError(f"mx_linear: weight must be 2-d (out_features, in_features), got shape "
+                         f"{tuple(weight.shape)}")
     if bias is not None:
         args.check_tensor(bias, "bias")
     arguments.check_linear_input("mx_linear", x, weight.shape[-1])
