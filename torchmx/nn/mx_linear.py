@@ -73,8 +73,9 @@ class _MXLinearFunction(torch.autograd.Function):
 def _product(x_q, w_q, bias):
     """F.linear(x_q, w_q, bias). On CPU outside autocast it runs as torch.ops.torchmx.mx_linear
     (fp32 sums, one rounding), the op MXInferenceLinear's CPU forward ends in: a packed layer
-    then sums the same products in the same order and gives the QAT output bit for bit (F.linear
-    lets the BLAS add the bias between K chunks, 1 ulp apart from K = 384 on). Elsewhere, and
+    then sums the same products in the same order and gives the QAT output bit for bit (F.linear's
+    addmm starts the BLAS's sums from the bias, so once K spans several BLAS K blocks, from
+    K = 256 on CPU, the bias is added before the last blocks: 1 ulp apart). Elsewhere, and
     for operands of mixed dtypes (F.linear's error), F.linear as nn.Linear runs it."""
     dtypes = {x_q.dtype, w_q.dtype} | ({bias.dtype} if bias is not None else set())
     if x_q.device.type == "cpu" and not torch.is_autocast_enabled("cpu") and len(dtypes) == 1:
