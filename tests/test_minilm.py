@@ -52,6 +52,19 @@ def test_sentence_embedding_cosine(minilm, reference, fmt, floor):
     assert cosine.min() > floor
 
 
+@pytest.mark.parametrize("activations", [None, MXConfig("float8_e4m3")], ids=["w4", "w4a8"])
+def test_packing_the_qat_model_keeps_its_embeddings_bit_for_bit(minilm, activations):
+    """docs/guides/qat.md: quantize_linear_ after prepare_qat_ gives exactly the QAT outputs
+    (all 37 layers, K = 384 and 1536; CPU)."""
+    qconfig = QLinearConfig(MXConfig("float4_e2m1"), activations)
+    model = copy.deepcopy(minilm)
+    prepare_qat_(model.model, qconfig)
+    with torch.no_grad():
+        qat = model.embed(SENTENCES)
+        assert len(quantize_linear_(model.model, qconfig).swapped) == 6 * 6 + 1
+        assert torch.equal(model.embed(SENTENCES), qat)
+
+
 def test_layer_sqnr_matches_analysis(minilm):
     linear = copy.deepcopy(minilm.model.encoder.layer[0].intermediate.dense).to(torch.bfloat16)
     weight = linear.weight.detach()

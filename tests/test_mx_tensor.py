@@ -237,6 +237,8 @@ def test_torch_load_weights_only(fmt):
         assert (back.elem_dtype, back.block_size, back.block_dim, back.scale_mode) == (
             mx.elem_dtype, mx.block_size, mx.block_dim, mx.scale_mode)
         assert_bits_equal(back.dequantize(), mx.dequantize())
+        # a parameter loads back as one (torch.export.load checks it), the rest as tensors
+        assert isinstance(back, torch.nn.Parameter) == (key == "weight")
 
 
 def test_state_dict_round_trip_through_weights_only_load():

@@ -101,3 +101,22 @@ def test_trained_model_packs_without_changing_outputs():
     assert all(type(m) is MXInferenceLinear for m in model if not isinstance(m, nn.GELU))
     with torch.no_grad():
         assert torch.equal(model(x), qat_logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activations", [None, MXConfig("float8_e4m3")], ids=["w8", "w8a8"])
+def test_packing_is_bit_identical_at_minilm_sizes(activations, dtype):
+    """all-MiniLM-L6-v2's MLP (K = 384, then K = 1536): the packed layers sum the same products
+    in the same order as the QAT forward on CPU (F.linear's addmm added the bias before the last
+    K blocks of the BLAS's sums, 1 ulp apart from K = 256 on, which the next layer's MX
+    activations magnified)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(384, 1536), nn.GELU(), nn.Linear(1536, 384)).to(dtype)
+    qconfig = QLinearConfig(MXConfig("float8_e4m3"), activations)
+    prepare_qat_(model, qconfig)
+    x = torch.randn(2, 5, 384, dtype=dtype)
+    with torch.no_grad():
+        qat = model(x)
+        quantize_linear_(model, qconfig, exclude=None)
+        assert all(type(m) is MXInferenceLinear for m in (model[0], model[2]))
+        assert torch.equal(model(x), qat)

@@ -19,6 +19,7 @@ import torch
 from . import dtypes, ops as _ops
 from ._eager import short_path
 from .mx_ops import _registry, layout
+from .mx_ops import export as _export
 from .mx_ops.strict import MXLayoutWarning, reset_layout_warning, set_strict_matmul, strict_matmul
 from .numerics import arguments as args
 from .numerics.packing import packed_length
@@ -166,7 +167,12 @@ class MXTensor(torch.Tensor):
         if handler is not None:
             return handler(func, args, kwargs or {})
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+            try:
+                return func(*args, **(kwargs or {}))
+            except RuntimeError as e:
+                if _export.refused(e):
+                    raise _export.unsupported(func) from None
+                raise
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -227,11 +233,12 @@ class MXTensor(torch.Tensor):
                      block_size, orig_dtype, block_dim, scale_mode, outer_size, outer_stride)
 
     def __reduce_ex__(self, protocol):
-        return _rebuild_mx_tensor, (
-            self._scale_e8m0, self._data, self._elem_dtype.name, self._block_size,
-            self._orig_dtype, self._block_dim, self._scale_mode, tuple(self.shape),
-            self.requires_grad,
-        )
+        parts = (self._scale_e8m0, self._data, self._elem_dtype.name, self._block_size,
+                 self._orig_dtype, self._block_dim, self._scale_mode, tuple(self.shape),
+                 self.requires_grad)
+        if isinstance(self, torch.nn.Parameter):  # a tenth argument (older torchmx reads nine)
+            parts += (True,)
+        return _rebuild_mx_tensor, parts
 
     # ---------------------------------------------------------------- conversions
 
@@ -317,10 +324,19 @@ class MXTensor(torch.Tensor):
 
 
 def _rebuild_mx_tensor(scale, data, elem_dtype_name, block_size, orig_dtype, block_dim,
-                       scale_mode, shape, requires_grad):
-    """Unpickle an MXTensor (validating its parts: a checkpoint is untrusted input)."""
-    tensor = MXTensor(scale, data, elem_dtype_name, block_size, orig_dtype, block_dim=block_dim,
-                      scale_mode=scale_mode, shape=shape)
+                       scale_mode, shape, requires_grad, is_parameter=False):
+    """Unpickle an MXTensor (validating its parts: a checkpoint is untrusted input), an
+    nn.Parameter again if it was one (torch.export.load checks that parameters are)."""
+    try:
+        for name, flag in (("requires_grad", requires_grad), ("is_parameter", is_parameter)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        tensor = MXTensor(scale, data, elem_dtype_name, block_size, orig_dtype,
+                          block_dim=block_dim, scale_mode=scale_mode, shape=shape)
+    except (TypeError, ValueError) as e:  # any crafted part: one error type for all of them
+        raise ValueError(f"invalid MXTensor in the checkpoint: {e}") from None
+    if is_parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
     return tensor.requires_grad_(requires_grad)
 
 

@@ -111,23 +111,51 @@ def read_safetensors(path: PathLike) -> Tuple[Dict[str, torch.Tensor], Dict[str,
         raise ValueError(f"{path}: torchmx checkpoint format version "
                          f"{metadata.get('torchmx.format_version')!r}; this torchmx reads "
                          f"version {FORMAT_VERSION}")
-    try:
-        checksums = json.loads(metadata["torchmx.crc32"])
-        aliases = json.loads(metadata["torchmx.aliases"])
-        extra = json.loads(metadata["torchmx.extra_state"])
-    except (KeyError, ValueError) as e:
-        raise ValueError(f"{path}: corrupted torchmx metadata ({e})") from None
+    checksums = _json_object(path, metadata, "torchmx.crc32", "each tensor name to its CRC32 "
+                             "(an int in [0, 2**32))")
+    aliases = _json_object(path, metadata, "torchmx.aliases", "each tied key to the tensor name "
+                           "it shares (a str)")
+    extra = _json_object(path, metadata, "torchmx.extra_state", "each '..._extra_state' key to "
+                         "its value")
     if set(checksums) != set(tensors):
         raise ValueError(f"{path}: corrupted: the tensors and their checksums do not match")
+    wrong = [k for k, v in checksums.items()
+             if type(v) is not int or not 0 <= v < 2 ** 32]  # noqa: E721 - bool is no checksum
+    if wrong:
+        raise ValueError(f"{path}: corrupted torchmx metadata: torchmx.crc32 must map each "
+                         f"tensor name to an int in [0, 2**32); not so for {_listed(wrong)}")
     bad = [k for k, t in tensors.items() if _crc32(t) != checksums[k]]
     if bad:
         raise ValueError(f"{path}: corrupted: checksum mismatch for {_listed(bad)}")
     state = dict(tensors)
     for key, target in aliases.items():
-        if target not in tensors:
+        if not isinstance(target, str) or target not in tensors:
             raise ValueError(f"{path}: corrupted: {key!r} is tied to missing tensor {target!r}")
+        if key in tensors or key.endswith(_EXTRA_STATE_SUFFIX):
+            raise ValueError(f"{path}: corrupted: torchmx.aliases ties {key!r}, which is "
+                             "stored itself or names an extra state")
         state[key] = tensors[target]
+    clash = [k for k in extra if not k.endswith(_EXTRA_STATE_SUFFIX) or k in state]
+    if clash:
+        raise ValueError(f"{path}: corrupted torchmx metadata: torchmx.extra_state keys must end "
+                         f"in {_EXTRA_STATE_SUFFIX!r} and name no tensor; not so for "
+                         f"{_listed(clash)}")
     return state, extra, metadata
+
+
+def _json_object(path: str, metadata: Dict[str, str], key: str, what: str) -> dict:
+    """The JSON object stored under `key`, else ValueError naming the key."""
+    if key not in metadata:
+        raise ValueError(f"{path}: corrupted torchmx metadata: no {key!r} entry")
+    try:
+        value = json.loads(metadata[key])
+    except (ValueError, RecursionError) as e:  # RecursionError: a deeply nested document
+        raise ValueError(f"{path}: corrupted torchmx metadata: {key} is not valid JSON "
+                         f"({type(e).__name__}: {e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: corrupted torchmx metadata: {key} must be a JSON object "
+                         f"mapping {what}, got a {type(value).__name__}")
+    return value
 
 
 def _read(path: PathLike):

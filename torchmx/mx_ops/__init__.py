@@ -9,6 +9,8 @@
   operands, fp32 accumulation, one rounding) and every matmul routed to it.
 - `strict`: the reduction-dim layout warning (`MXLayoutWarning`) and its strict switch.
 - `fallback`: the allow-list of ops that run on dequantized values; refusal of writes.
+- `export`: torch.export of MXTensors built inside the exported forward (matmuls on their parts,
+  a clear TypeError for other ops).
 
 `torchmx.mx_tensor` imports the handler modules at its end (they need the MXTensor class);
 `torchmx.aten_ops` (where the table used to live) re-exports the public names.

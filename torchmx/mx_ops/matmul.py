@@ -33,7 +33,7 @@ from .._eager import short_path
 from .._library import custom_op
 from ..mx_tensor import MXTensor, dequantize
 from ..numerics.arguments import HIGH_PRECISION_DTYPES
-from . import layout, strict, weight_matmul
+from . import export, layout, strict, weight_matmul
 from ._registry import implements, implements_torch_function
 from ._util import bind, describe
 
@@ -311,7 +311,12 @@ def _linear_function(func, args, kwargs):
             dtype = _logical_dtype("linear", v)
             return _linear(x, w, bias, dtype, dtype, direct=True)
     dtype = _logical_dtype("linear", v)
-    return torch.ops.torchmx.mx_linear(x, w, bias, out_dtype=dtype)
+    try:
+        return torch.ops.torchmx.mx_linear(x, w, bias, out_dtype=dtype)
+    except export.Unsupported:  # an MXTensor built in an exported forward: use its parts
+        pass
+    return _mx_linear_handler(torch.ops.torchmx.mx_linear.default, (x, w, bias),
+                              {"out_dtype": dtype})
 
 
 @implements_torch_function(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
@@ -319,7 +324,12 @@ def _matmul_function(func, args, kwargs):
     _no_out("matmul", kwargs)
     v = dict(zip(("input", "other"), args), **kwargs)
     dtype = _logical_dtype("matmul", v)
-    return _call(v["input"], v["other"], out_dtype=dtype)
+    try:
+        return _call(v["input"], v["other"], out_dtype=dtype)
+    except export.Unsupported:  # an MXTensor built in an exported forward: use its parts
+        pass
+    return _mx_matmul_handler(torch.ops.torchmx.mx_matmul.default, (v["input"], v["other"]),
+                              {"out_dtype": dtype})
 
 
 @implements_torch_function(torch.Tensor.__rmatmul__)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ..config import MXConfig, QAttentionConfig
 from ..mx_tensor import MXTensor
+from .arguments import check_attention_inputs
 
 __all__ = ["CONFIG_ATTRIBUTE", "MX_IMPLEMENTATIONS", "mx_attention", "register_attention_functions"]
 
@@ -74,6 +75,7 @@ def mx_attention(
     quantization, in query's dtype. The computation runs in fp32 with autocast disabled (an
     enclosing torch.autocast region does not change it); only the outputs take query's dtype.
     """
+    check_attention_inputs(query, key, value, attention_mask, config, scaling, dropout)
     with torch.autocast(query.device.type, enabled=False):
         groups = query.shape[1] // key.shape[1]
         if groups > 1:  # grouped-query attention: each kv head serves `groups` query heads

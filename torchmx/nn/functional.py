@@ -5,6 +5,8 @@ from typing import Optional
 import torch
 
 from ..config import MXConfig
+from ..numerics import arguments as args
+from .arguments import check_mx_config
 
 
 def fake_quantize(x: torch.Tensor, config: Optional[MXConfig], block_dim: int = -1) -> torch.Tensor:
@@ -14,6 +16,8 @@ def fake_quantize(x: torch.Tensor, config: Optional[MXConfig], block_dim: int = 
 
     Calls the custom ops directly (plain tensors in and out), so it traces into any graph.
     """
+    check_mx_config(config)
+    args.check_tensor(x, "x")
     if config is None:
         return x
     n = 1 if x.dim() == 0 else x.shape[block_dim]

@@ -23,8 +23,8 @@ from ..mx_ops.fragment_linear import mx_fp4_fragment_linear  # noqa: F401 - regi
 from ..mx_ops.piece_linear import mx_piece_linear  # noqa: F401 - registers the op
 from ..mx_ops.stream_linear import mx_stream_linear  # noqa: F401 - registers the op
 from ..mx_tensor import MXTensor
-from ..numerics import arguments as args
 from ..numerics.packing import packed_length
+from . import arguments
 from .mx_linear import check_linear, check_qconfig, describe_qconfig
 
 __all__ = ["MXInferenceLinear", "prepack_weights"]
@@ -135,6 +135,11 @@ class MXInferenceLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=None, *, qconfig: QLinearConfig):
         super().__init__()
+        arguments.check_features("MXInferenceLinear", in_features=in_features,
+                                 out_features=out_features)
+        arguments.check_bias_flag("MXInferenceLinear", bias)
+        arguments.check_dtype("MXInferenceLinear", dtype)
+        arguments.check_device("MXInferenceLinear", device)
         self.qconfig = check_qconfig(qconfig)
         self.in_features, self.out_features = in_features, out_features
         # the weight's logical dtype; follows the bias when there is one (see weight_dtype)
@@ -308,7 +313,7 @@ class MXInferenceLinear(nn.Module):
         """y = F.linear(x quantized per activations_config, weight, bias) in x's dtype: the
         packed weight is viewed in x's dtype and the bias cast to it (any of fp32, bf16, fp16
         input works whatever the layer's weight_dtype)."""
-        args.check_high_precision_input(x, "input")
+        arguments.check_linear_input(self._describe, x, self.in_features)
         bias = self.bias
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)  # differentiable: the gradient reaches the bias in its dtype

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import QLinearConfig
+from ..numerics import arguments as args
+from . import arguments
 from .functional import fake_quantize
 
 __all__ = ["MXLinear", "mx_linear"]
@@ -44,7 +46,7 @@ class _MXLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x_saved, w_saved)
         ctx.grad_config = grad
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        return F.linear(x_q, w_q, bias)
+        return _product(x_q, w_q, bias)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -68,8 +70,29 @@ class _MXLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
+def _product(x_q, w_q, bias):
+    """F.linear(x_q, w_q, bias). On CPU outside autocast it runs as torch.ops.torchmx.mx_linear
+    (fp32 sums, one rounding), the op MXInferenceLinear's CPU forward ends in: a packed layer
+    then sums the same products in the same order and gives the QAT output bit for bit (F.linear's
+    addmm starts the BLAS's sums from the bias, so once K spans several BLAS K blocks, from
+    K = 256 on CPU, the bias is added before the last blocks: 1 ulp apart). Elsewhere, and
+    for operands of mixed dtypes (F.linear's error), F.linear as nn.Linear runs it."""
+    dtypes = {x_q.dtype, w_q.dtype} | ({bias.dtype} if bias is not None else set())
+    if x_q.device.type == "cpu" and not torch.is_autocast_enabled("cpu") and len(dtypes) == 1:
+        return torch.ops.torchmx.mx_linear(x_q, w_q, bias, out_dtype=x_q.dtype)
+    return F.linear(x_q, w_q, bias)
+
+
 def mx_linear(x: torch.Tensor, weight: torch.Tensor, bias, qconfig: QLinearConfig) -> torch.Tensor:
     """F.linear with MX quantization-aware forward and backward (see MXLinear)."""
+    check_qconfig(qconfig)
+    args.check_tensor(weight, "weight")
+    if weight.dim() != 2:
+        raise ValueError(f"mx_linear: weight must be 2-d (out_features, in_features), got shape "
+                         f"{tuple(weight.shape)}")
+    if bias is not None:
+        args.check_tensor(bias, "bias")
+    arguments.check_linear_input("mx_linear", x, weight.shape[-1])
     return _MXLinearFunction.apply(x, weight, bias, qconfig)
 
 
@@ -84,8 +107,13 @@ class MXLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=None, *, qconfig: QLinearConfig):
+        arguments.check_features("MXLinear", in_features=in_features, out_features=out_features)
+        arguments.check_bias_flag("MXLinear", bias)
+        arguments.check_dtype("MXLinear", dtype)
+        arguments.check_device("MXLinear", device)
+        check_qconfig(qconfig)
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self.qconfig = check_qconfig(qconfig)
+        self.qconfig = qconfig
 
     @classmethod
     def from_float(cls, linear: nn.Linear, qconfig: QLinearConfig) -> "MXLinear":
@@ -109,7 +137,10 @@ class MXLinear(nn.Linear):
         return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return mx_linear(x, self.weight, self.bias, self.qconfig)
+        arguments.check_linear_input(
+            lambda: f"MXLinear(in_features={self.in_features}, out_features={self.out_features})",
+            x, self.in_features)
+        return _MXLinearFunction.apply(x, self.weight, self.bias, self.qconfig)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {describe_qconfig(self.qconfig)}"
