@@ -15,6 +15,10 @@ from .mma_linear import (_DECODE_E2M3_0, _DECODE_E2M3_1, _DECODE_E2M3_2, _DECODE
                          _DECODE_E3M2_0, _DECODE_E3M2_1, _DECODE_E3M2_2, _DECODE_E3M2_3,
                          _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _SCALE_E2M1_PAIRS)
 
+# The CTA-wide barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7 (both emit the same
+# debug_barrier).
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
 KB = gl.constexpr(128)  # codes of a row in one sub-step (stream_layout.STEP_CODES)
 BLOCK = gl.constexpr(32)
 EXACT_K = gl.constexpr(16)  # columns a step of the exact recomputation (half a block)
@@ -480,9 +484,9 @@ def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, plane_a, plane_b, stre
         part_size = tiles * 64 * MP
         offsets = n[:, None] * MP + m[None, :]
         gl.store(partials_ptr + part * part_size + offsets, acc)
-        gl.thread_barrier()  # every thread's partial is stored before the arrival is counted
+        _cta_barrier()  # every thread's partial is stored before the arrival is counted
         if gl.atomic_add(counters_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
-            gl.thread_barrier()
+            _cta_barrier()
             acc = gl.load(partials_ptr + offsets, cache_modifier=".cg")
             for j in gl.static_range(1, SPLIT):
                 acc = acc + gl.load(partials_ptr + j * part_size + offsets, cache_modifier=".cg")
