@@ -13,7 +13,6 @@ passes is known to have been watched.
 TORCHMX_SANITIZER_EXAMPLES sets hypothesis' examples per property (default 150).
 """
 
-import ctypes
 import os
 import sys
 
@@ -148,7 +147,7 @@ def canary():
     out = torch.empty(2, dtype=torch.float32)
     codes = torch.empty(2, dtype=torch.uint8)
     cpu_kernels._library().mx_dequantize_rows(
-        data.data_ptr(), scale.data_ptr(), 2, 1, 0, 1, ctypes.byref(cpu_kernels._format(fmt)), 1,
+        data.data_ptr(), scale.data_ptr(), 2, 1, 0, 1, cpu_kernels._format(fmt), 1,
         table.data_ptr(), table.shape[1], table.element_size(), out.data_ptr(), codes.data_ptr())
 
 

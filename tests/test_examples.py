@@ -21,7 +21,8 @@ def test_there_are_examples():
 RUN_WITHOUT_TORCHMX_WARNINGS = (
     "import runpy, sys, warnings\n"
     "warnings.filterwarnings('error', module=r'(torchmx|__main__)($|\\.)')\n"
-    "runpy.run_path(sys.argv[1], run_name='__main__')\n")
+    "sys.argv = sys.argv[1:]  # the example's own argv, as `python3 example.py` gives it\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
