@@ -2,7 +2,8 @@
 operator dispatcher.
 
 Outside torch.compile / torch.export tracing, under no TorchDispatchMode (fake tensors,
-functionalization, profilers that count ops) and with no gradient asked of its tensors, a call
+functionalization, profilers that count ops) and no torch.func transform (vmap, grad), and with
+no gradient asked of its tensors, a call
 through an autograd.Function and a torchmx operator computes exactly what calling the
 operator's implementation computes; the layers only add host time. Everywhere else the full
 path runs, so compiled and exported graphs keep the operators.
@@ -14,11 +15,12 @@ __all__ = ["short_path"]
 
 _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_transforms = torch._C._are_functorch_transforms_active
 
 
 def short_path(*tensors) -> bool:
     """True when a call on `tensors` (None entries ignored) may skip autograd and dispatch."""
-    if _is_compiling() or _dispatch_modes():
+    if _is_compiling() or _dispatch_modes() or _functorch_transforms():
         return False
     if torch.is_grad_enabled():
         for t in tensors:
