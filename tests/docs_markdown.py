@@ -30,8 +30,9 @@ def blocks(text: str):
     return found
 
 
-def prose(text: str) -> str:
-    """The text outside fenced code blocks and inline code spans (same line count)."""
+def prose(text: str, keep_code_spans: bool = False) -> str:
+    """The text outside fenced code blocks (same line count), inline code spans dropped unless
+    `keep_code_spans` (headings such as `## `torchmx.dtypes`` need them)."""
     out, fence = [], None
     for line in text.splitlines():
         match = _FENCE.match(line)
@@ -43,7 +44,7 @@ def prose(text: str) -> str:
                 fence = None
             out.append("")
         else:
-            out.append(re.sub(r"`[^`]*`", "", line))
+            out.append(line if keep_code_spans else re.sub(r"`[^`]*`", "", line))
     return "\n".join(out)
 
 
@@ -67,7 +68,7 @@ def slug(heading: str) -> str:
 def anchors(text: str) -> set:
     """Every heading anchor of a page (repeats get GitHub's -1, -2, ... suffixes)."""
     seen, out = {}, set()
-    for line in prose_keeping_code_spans(text).splitlines():
+    for line in prose(text, keep_code_spans=True).splitlines():
         match = re.match(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", line)
         if not match:
             continue
@@ -76,20 +77,3 @@ def anchors(text: str) -> set:
         seen[base] = count + 1
         out.add(base if count == 0 else f"{base}-{count}")
     return out
-
-
-def prose_keeping_code_spans(text: str) -> str:
-    """Like prose(), but inline code stays (headings such as `## `torchmx.dtypes`` need it)."""
-    out, fence = [], None
-    for line in text.splitlines():
-        match = _FENCE.match(line)
-        if fence is None and match:
-            fence = match.group(2)
-            out.append("")
-        elif fence is not None:
-            if line.strip().startswith(fence):
-                fence = None
-            out.append("")
-        else:
-            out.append(line)
-    return "\n".join(out)
