@@ -39,6 +39,12 @@ class CustomOp:
     def __call__(self, *args, **kwargs):
         return self.default(*args, **kwargs)
 
+    def eager(self) -> Callable:
+        """The function itself where a call may take the short path (torchmx/_eager.py), else
+        the operator (traced, under a dispatch mode or a torch.func transform)."""
+        from ._eager import short_path
+        return self.fn if short_path() else self.default
+
     def register_fake(self, fake: Callable) -> Callable:
         torch.library.register_fake(self.qualname, fake, lib=_LIBRARY)
         return fake

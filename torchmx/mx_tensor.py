@@ -349,7 +349,7 @@ torch.serialization.add_safe_globals([_rebuild_mx_tensor])
 def quantize(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim,
              seed) -> MXTensor:
     """MXTensor holding torch.ops.torchmx.quantize_mx(data_hp, ...) (no autograd)."""
-    quantize_mx = _ops.quantize_mx.fn if short_path() else torch.ops.torchmx.quantize_mx
+    quantize_mx = _ops.quantize_mx.eager()
     scale, data = quantize_mx(data_hp, elem_dtype_name, block_size, scale_mode=scale_mode,
                               rounding=rounding, block_dim=block_dim, seed=seed)
     axis = args.normalize_block_dim(block_dim, data_hp.dim())
@@ -367,7 +367,7 @@ def dequantize(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
     data, scale, axis = tensor._data, tensor._scale_e8m0, tensor._block_dim
     if order != sorted(order):
         data, scale, axis = data.permute(order), scale.permute(order), order.index(axis)
-    dequantize_mx = _ops.dequantize_mx.fn if short_path() else torch.ops.torchmx.dequantize_mx
+    dequantize_mx = _ops.dequantize_mx.eager()
     out = dequantize_mx(data, scale, tensor._elem_dtype.name, tensor._block_size, dtype, axis,
                         block_dim_size=tensor._block_dim_size)
     if order != sorted(order):

@@ -303,10 +303,8 @@ def _dequantize(w_data, w_scale, fmt, block_size, K):
     """W [N, K] dequantized to bf16 (the operator's body itself where nothing traces the
     call: _eager.short_path)."""
     from .. import ops
-    from .._eager import short_path
-    dequantize_mx = ops.dequantize_mx.fn if short_path() else torch.ops.torchmx.dequantize_mx
-    return dequantize_mx(w_data, w_scale, fmt.name, block_size, torch.bfloat16, 1,
-                         block_dim_size=K)
+    return ops.dequantize_mx.eager()(w_data, w_scale, fmt.name, block_size, torch.bfloat16, 1,
+                                     block_dim_size=K)
 
 
 def _dequantize_rows(w_data, w_scale, fmt, block_size, K, r0, r1):
