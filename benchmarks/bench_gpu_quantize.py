@@ -38,12 +38,11 @@ import triton  # noqa: E402
 
 from torchmx import dtypes  # noqa: E402
 from torchmx.kernels import triton_backend as tb  # noqa: E402
-from torchmx.numerics import dequantize_mx_reference, quantize_mx_reference  # noqa: E402
+from torchmx.numerics import SCALE_MODES, dequantize_mx_reference, quantize_mx_reference  # noqa: E402
 from torchmx.numerics.packing import packed_length  # noqa: E402
 
 FORMATS = [dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float6_e3m2, dtypes.float6_e2m3,
            dtypes.float4_e2m1, dtypes.int8]
-SCALE_MODES = ["floor", "ceil", "even", "rceil"]
 BLOCK = 32
 INPUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CHECK_ROWS = 256  # rows (8 blocks along dim 0) compared with the CPU reference

@@ -21,7 +21,7 @@ from torchmx import dtypes  # noqa: E402
 from torchmx.kernels import _tl_quantize as tq  # noqa: E402
 from torchmx.kernels import _tl_quantize_pairs as qp  # noqa: E402
 from torchmx.kernels import triton_backend as tb  # noqa: E402
-from torchmx.numerics.scale import SCALE_MODES  # noqa: E402
+from torchmx.numerics.modes import Rounding, ScaleMode  # noqa: E402
 
 BLOCK = 32
 SIZES = ("R", "C", "W", "stride_b", "stride_r", "row_bytes", "blocks_c", "groups_r")
@@ -30,7 +30,7 @@ POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32:
 
 def _common(fmt):
     return dict(BLOCK=BLOCK, I64=False, GRID=3, CPG=fmt.codes_per_group,
-                SCALE_MODE=SCALE_MODES.index("floor"))
+                SCALE_MODE=int(ScaleMode.FLOOR))
 
 
 def rows_elements(fmt, dtype):
@@ -38,7 +38,7 @@ def rows_elements(fmt, dtype):
     cfg = tb._DEFAULT_TUNING["quantize_rows_thread"]
     constants = dict(_common(fmt), CW=16 // (torch.finfo(dtype).bits // 8),
                      TILE_NB=cfg["row_blocks"],
-                     TILE_R=cfg["blocks"] // cfg["row_blocks"], HW_FP8=0, ROUNDING=0,
+                     TILE_R=cfg["blocks"] // cfg["row_blocks"], HW_FP8=0, ROUNDING=int(Rounding.EVEN),
                      **tb._format_constants(fmt))
     pointers = {"x_ptr": POINTER_TYPES[dtype], "scale_ptr": "*u8", "data_ptr": "*u8"}
     kernel = compile_sm90(tq.quantize_rows_thread_kernel, constants, pointers,

@@ -3,11 +3,11 @@
 import torch
 
 from torchmx import dtypes
+from torchmx.numerics import ROUNDING_MODES as ROUNDINGS
+from torchmx.numerics import SCALE_MODES
 
 FORMATS = dtypes.SUPPORTED_ELEM_DTYPES + (dtypes.ExMy(1, 2), dtypes.ExMy(3, 3), dtypes.ExMy(2, 0))
 FORMAT_IDS = [f.name for f in FORMATS]
-SCALE_MODES = ("floor", "ceil", "even", "rceil")
-ROUNDINGS = ("even", "away", "toward_zero", "trunc", "stochastic")
 HP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

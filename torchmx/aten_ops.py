@@ -1,4 +1,4 @@
-"""Compatibility module: MXTensor's op table now lives in `torchmx/mx_ops/` (one concern per
+"""Compatibility module: MXTensor's op table lives in `torchmx/mx_ops/` (one concern per
 module). The public names stay importable from here and from `torchmx.mx_tensor`."""
 
 from .mx_ops.fallback import DEQUANTIZE_FALLBACK_OPS, allow_dequantize_fallback, dequantize_fallback

@@ -31,8 +31,9 @@ from . import dtypes
 from .numerics import decode
 from .numerics.packing import packed_length
 from .numerics.reference import round_to_target
-from .numerics.rounding import ROUNDING_MODES, seed_key
-from .numerics.scale import SCALE_MODES, scale_value
+from .numerics.modes import ROUNDING_BY_NAME, SCALE_MODE_BY_NAME
+from .numerics.rounding import seed_key
+from .numerics.scale import scale_value
 
 _SOURCE = pathlib.Path(__file__).parent / "csrc" / "mx_cpu.c"
 _FLAGS = ["-O3", "-march=native", "-std=c99", "-shared", "-fPIC", "-fno-semantic-interposition",
@@ -238,8 +239,6 @@ def _split(shape, axis) -> Tuple[int, int, int]:
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
-_SCALE_MODE_CODES = {name: i for i, name in enumerate(SCALE_MODES)}
-_ROUNDING_CODES = {name: i for i, name in enumerate(ROUNDING_MODES)}
 _NO_SEED_KEY = seed_key(0)
 
 
@@ -256,7 +255,7 @@ def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, s
     if x.numel() == 0:
         return scale, data
     fmt, key = _format(elem_dtype), _NO_SEED_KEY if seed is None else seed_key(seed)
-    mode, rnd = _SCALE_MODE_CODES[scale_mode], _ROUNDING_CODES[rounding]
+    mode, rnd = SCALE_MODE_BY_NAME[scale_mode], ROUNDING_BY_NAME[rounding]  # the enums of mx_cpu.c
     quantize_rows = _entry_points()[0]
 
     def call(begin, end):

@@ -1,6 +1,6 @@
 """MX element formats as data: one frozen descriptor drives every backend.
 
-The table of OCP MX v1.0 element formats (DESIGN.md section 2) lives here and nowhere else.
+The table of OCP MX v1.0 element formats (docs/numerics.md) lives here and nowhere else.
 Every fact a backend needs (widths, bias, emax, max normal, the largest finite code, special
 codes, how codes are packed into bytes) is a field or a property of `DType`.
 """

@@ -357,7 +357,7 @@ def mx_dynamic_activation_mx_weights(
     activation_elem_dtype: Union[dtypes.DType, str] = dtypes.float8_e4m3,
     activation_block_size: int = 32,
 ):
-    """torchmx 0.1.0's helper for torchao.quantization.quantize_: now returns an
+    """torchmx 0.1.0's helper for torchao.quantization.quantize_: returns an
     `MXInferenceLinearConfig` (a torchao AOBaseConfig) with these formats."""
     config_class = __getattr__("MXInferenceLinearConfig")
     return config_class(QLinearConfig(

@@ -10,12 +10,23 @@ multiply-add can change a result because every product that feeds an addition is
 Format facts come in as constexprs (see triton_backend._format_constants):
 IS_INT, BITS, MBITS, EMIN (1 - bias), EMAX, MAX_CODE, MAX_NORMAL, BIAS, HAS_INF, HAS_NAN, and
 LSB, the value of code 1 (2**-m for MXINT8, the smallest subnormal 2**(emin - m) otherwise).
-Scale modes: 0 floor, 1 ceil, 2 even, 3 rceil. Roundings: 0 even, 1 away, 2 toward_zero,
-3 trunc, 4 stochastic.
+SCALE_MODE and ROUNDING are the integers of numerics/modes.py, compared with the constexprs below.
 """
 
 import triton
 import triton.language as tl
+
+from ..numerics.modes import Rounding, ScaleMode
+
+SCALE_FLOOR = tl.constexpr(int(ScaleMode.FLOOR))
+SCALE_CEIL = tl.constexpr(int(ScaleMode.CEIL))
+SCALE_EVEN = tl.constexpr(int(ScaleMode.EVEN))
+SCALE_RCEIL = tl.constexpr(int(ScaleMode.RCEIL))
+ROUND_EVEN = tl.constexpr(int(Rounding.EVEN))
+ROUND_AWAY = tl.constexpr(int(Rounding.AWAY))
+ROUND_TOWARD_ZERO = tl.constexpr(int(Rounding.TOWARD_ZERO))
+ROUND_TRUNC = tl.constexpr(int(Rounding.TRUNC))
+ROUND_STOCHASTIC = tl.constexpr(int(Rounding.STOCHASTIC))
 
 _HASH_MULTIPLIER = tl.constexpr(0x45D9F3B)
 
@@ -79,7 +90,7 @@ def scale_byte(amax_bits, SCALE_MODE: tl.constexpr, MBITS: tl.constexpr, EMAX: t
     """
     finite_bits = tl.minimum(amax_bits, 0x7F7FFFFF)  # keeps the unselected lanes in range
     biased = finite_bits >> 23
-    if SCALE_MODE == 3 and RCEIL_FRAC >= 0:
+    if SCALE_MODE == SCALE_RCEIL and RCEIL_FRAC >= 0:
         # rceil without a division. With M = MAX_NORMAL >= 1, fp32(amax / M) <= 2**k exactly
         # when amax <= M * 2**k for every k >= -126 (M * 2**k is then a normal fp32 and the
         # rounding slack of the quotient, under half an ulp of 2**k, is below M * 2**k's ulp),
@@ -89,23 +100,23 @@ def scale_byte(amax_bits, SCALE_MODE: tl.constexpr, MBITS: tl.constexpr, EMAX: t
         e = biased - EMAX + ((finite_bits & 0x7FFFFF) > RCEIL_FRAC).to(tl.int32)  # e + 127
         byte = tl.minimum(tl.maximum(e, 1), 254)
         byte = tl.where(finite_bits <= RCEIL_ZERO, 0, byte)
-    elif SCALE_MODE == 0 and EMAX >= 0:
+    elif SCALE_MODE == SCALE_FLOOR and EMAX >= 0:
         # byte = floor(log2 amax) - emax + 127, clamped: with emax >= 0 every subnormal (and
         # zero) amax clamps to byte 0, so the fp32 exponent field is all that matters.
         byte = tl.maximum(biased - EMAX, 0)
-    elif SCALE_MODE == 1 and EMAX >= 1:
+    elif SCALE_MODE == SCALE_CEIL and EMAX >= 1:
         # ceil adds 1 unless amax is a power of two; subnormals and zero clamp to 0 (emax >= 1).
         byte = tl.maximum(biased + ((finite_bits & 0x7FFFFF) != 0).to(tl.int32) - EMAX, 0)
-    elif SCALE_MODE == 2:
+    elif SCALE_MODE == SCALE_EVEN:
         # AMD: round amax's bits to MBITS mantissa bits (ties up); a carry to 2**128 counts as
         # exponent 128. Integer arithmetic only, subnormals included.
         rounded = (finite_bits + (1 << (22 - MBITS))) >> 23
         byte = tl.minimum(tl.maximum(rounded - EMAX, 0), 254)
         byte = tl.where(amax_bits == 0, 0, byte)
     else:
-        if SCALE_MODE == 0:
+        if SCALE_MODE == SCALE_FLOOR:
             e = _floor_log2_bits(finite_bits) - EMAX
-        elif SCALE_MODE == 1:
+        elif SCALE_MODE == SCALE_CEIL:
             e = _ceil_log2_bits(finite_bits) - EMAX
         else:  # rceil: d = fp32(amax / max_normal) rounded to nearest even, e = ceil(log2 d)
             d = tl.math.div_rn(finite_bits.to(tl.float32, bitcast=True), MAX_NORMAL)
@@ -151,17 +162,17 @@ def uniform_from_index(key, index):
 @triton.jit
 def _round(t, ROUNDING: tl.constexpr, uniform):
     """Round non-negative fp32 t (t < 2**22, exact) to an int32 by the rounding mode."""
-    if ROUNDING == 0:
+    if ROUNDING == ROUND_EVEN:
         # t + 2**23 rounds to an integer, ties to even (IEEE RNE); its low bits are that integer.
         return (t + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
-    elif ROUNDING == 3:
+    elif ROUNDING == ROUND_TRUNC:
         return t.to(tl.int32)
     else:
         low = t.to(tl.int32)
         fraction = t - low.to(tl.float32)  # exact
-        if ROUNDING == 1:
+        if ROUNDING == ROUND_AWAY:
             up = fraction >= 0.5
-        elif ROUNDING == 2:
+        elif ROUNDING == ROUND_TOWARD_ZERO:
             up = fraction > 0.5
         else:
             up = uniform < fraction
@@ -189,7 +200,7 @@ def encode(magnitude, x_bits, uniform, ROUNDING: tl.constexpr, IS_INT: tl.conste
         return tl.where(x_bits < 0, -code, code)
     else:
         biased = tl.maximum(m_bits >> 23, EMIN + 127)  # p + 127
-        if ROUNDING == 0 and not BIG_EMAX:
+        if ROUNDING == ROUND_EVEN and not BIG_EMAX:
             magic_bits = (biased + (23 - MBITS)) << 23
             total = magnitude + magic_bits.to(tl.float32, bitcast=True)  # rounds to the grid
             rounded = total.to(tl.int32, bitcast=True) - magic_bits

@@ -17,8 +17,8 @@ with a separate pass (see _tl_packing.py).
 import triton
 import triton.language as tl
 
-from ._tl_numerics import (encode, inverse_scale, load_f32, program_coordinates, scale_byte,
-                           uniform_from_index)
+from ._tl_numerics import (ROUND_EVEN, ROUND_STOCHASTIC, encode, inverse_scale, load_f32,
+                           program_coordinates, scale_byte, uniform_from_index)
 
 
 @triton.jit
@@ -37,10 +37,10 @@ def _codes(x, a, byte, index, key, HW_FP8: tl.constexpr, ROUNDING: tl.constexpr,
             return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
         else:
             return y.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.int32)
-    elif ROUNDING == 0 and IS_INT:
+    elif ROUNDING == ROUND_EVEN and IS_INT:
         return _int_codes_even(x, a, byte, inverse, MBITS, MAX_CODE)
     else:
-        if ROUNDING == 4:
+        if ROUNDING == ROUND_STOCHASTIC:
             uniform = uniform_from_index(key, index)
         else:
             uniform = 0.0
@@ -243,7 +243,7 @@ def quantize_rows_kernel(
     tl.store(scale_ptr + line[:, None] * blocks_c + blocks[None, :], byte.to(tl.uint8),
              mask=row_ok[:, None] & (blocks < blocks_c)[None, :])
     index = 0
-    if ROUNDING == 4:
+    if ROUNDING == ROUND_STOCHASTIC:
         index = line.to(tl.int64)[:, None, None] * C + cols[None, :, :]
     codes = _codes(x, a, byte[:, :, None], index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,
                    EMIN, MAX_CODE, BIG_EMAX)
@@ -342,7 +342,7 @@ def quantize_rows_thread_kernel(
     line = b * R + rows  # [TR]
     tl.store(scale_ptr + line[None, :] * blocks_c + blocks[:, None], byte.to(tl.uint8), mask=ok2)
     index = 0
-    if ROUNDING == 4:
+    if ROUNDING == ROUND_STOCHASTIC:
         index = line.to(tl.int64)[None, :, None, None] * C + cols
     codes = _codes(x, a, byte[:, :, None, None], index, key, HW_FP8, ROUNDING, IS_INT, BITS,
                    MBITS, EMIN, MAX_CODE, BIG_EMAX)
@@ -403,7 +403,7 @@ def quantize_cols_kernel(
              mask=(blocks < blocks_r)[:, None] & (cols < C)[None, :])
     byte = byte[:, None, :]
     index = 0
-    if ROUNDING == 4:
+    if ROUNDING == ROUND_STOCHASTIC:
         index = ((b * R + first).to(tl.int64))[:, :, None] * C + cols[None, None, :]
     c0, c1, c2, c3 = _phase_codes(x0, a0, x1, a1, x2, a2, x3, a3, byte, index, C, key, CPG,
                                   HW_FP8, ROUNDING, IS_INT, BITS, MBITS, EMIN, MAX_CODE,
@@ -462,7 +462,7 @@ def quantize_fused_kernel(
         amax_c = tl.maximum(amax_c, tl.maximum(tl.max(tl.reshape(a2, [TILE_NBR, G, TC]), axis=1),
                                                tl.max(tl.reshape(a3, [TILE_NBR, G, TC]), axis=1)))
     index = 0
-    if ROUNDING == 4:
+    if ROUNDING == ROUND_STOCHASTIC:
         index = (b * R + first).to(tl.int64)[:, None] * C + cols[None, :]
 
     # Column-wise copy: scale [B, blocks_r, C], data [B, groups_r * bytes_per_group, C].
@@ -496,7 +496,7 @@ def quantize_fused_kernel(
     # Row-wise copy, phase by phase: scale [B*R, blocks_c], data [B*R, groups_c * bpg].
     pos = (cblocks * G)[None, :, None]
     index3 = index
-    if ROUNDING == 4:
+    if ROUNDING == ROUND_STOCHASTIC:
         index3 = tl.reshape(index, [A, TILE_NBC, BLOCK])
     _rows_phase(tl.reshape(x0, [A, TILE_NBC, BLOCK]), tl.reshape(a0, [A, TILE_NBC, BLOCK]),
                 first, index3, b, tc, R, cblocks, pos, scale_r_ptr, data_r_ptr, blocks_c, groups_c,

@@ -14,12 +14,12 @@ accumulator: no cross-thread reduction until the end, where a row's accumulators
 the result (plus bias) is rounded once. Products are exact and sums fp32: the contract of
 kernels/matmul.py.
 
-Why it is fast (H100, N = K = 8192: benchmarks/bench_gpu_matmul.py, docs/performance.md): a
-step's loads (the codes and the scale byte of each piece, x's 16 values of each piece) are
-plain (coherent) PTX loads followed by a barrier, which ptxas may not move them past: every
-load of a step is issued before its program's warps go on to the next step, and the warps of a
-program read their rows together. Without the barrier (scratch timings) the kernel was slower;
-ptxas otherwise spreads the loads through the step's arithmetic. Under Triton's interpreter
+Why it is fast (H100, N = K = 8192: benchmarks/bench_gpu_matmul.py): a step's loads (the
+codes and the scale byte of each piece, x's 16 values of each piece) are plain (coherent) PTX
+loads followed by a barrier, which ptxas may not move them past: every load of a step is issued
+before its program's warps go on to the next step, and the warps of a program read their rows
+together. Without the barrier the kernel is slower: ptxas then spreads the loads through the
+step's arithmetic. Under Triton's interpreter
 (the CPU tests) the loads are masked tl.loads and the codes are decoded by the bit arithmetic
 of _tl_numerics.
 """

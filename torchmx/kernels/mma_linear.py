@@ -754,8 +754,7 @@ class MmaConfig:
 # about 165 at 32 rows, capped at 168 (3), about 226 at 64 rows (2). fp4: 256 codes a step up to
 # 32 rows (about 196 registers, 2 programs a SM), 128 at 64 rows. fp6: 128 codes a step, as
 # fp8's tiles (about 125 registers at 16 rows, 159 at 32 and 225 at 64). From H100 sweeps at
-# N = K = 8192 (docs/performance.md, tenth to twelfth sessions), where 128-row tiles did no
-# better.
+# N = K = 8192 (benchmarks/bench_gpu_matmul.py --sweep), where 128-row tiles do no better.
 _TILES = {(1, 16): (2, 4, 128), (1, 32): (2, 3, 168), (1, 64): (2, 2, None),
           (2, 16): (2, 2, None), (2, 32): (2, 2, None), (2, 64): (1, 2, None),
           (4, 16): (1, 4, 128), (4, 32): (1, 3, 168), (4, 64): (1, 2, None)}

@@ -20,9 +20,8 @@ not. Here x stays in its codes:
   counts each pair in its 256-row block's counter; the loader waits for a block's count
   before loading its first tile of it. The blocks that the first wave of tiles reads
   (`first_wave_blocks`) are dequantized before the GEMM by `permuted_dequantize_kernel`, at
-  the whole GPU's bandwidth. Dequantizing all of W first (the twenty-eighth session's path)
-  exposed its time; chunks on a side stream did not hide it (the two kernels then share the
-  SMs' issue slots). Deadlock-free with any number of CTAs running: a CTA waits only for
+  the whole GPU's bandwidth. Dequantizing all of W first would expose its time, and chunks on
+  a side stream do not hide it (the two kernels then share the SMs' issue slots). Deadlock-free with any number of CTAs running: a CTA waits only for
   blocks whose pairs running CTAs have taken or will take.
 - Exactness: a decode that cannot give a value exactly in bf16 (a scale byte outside
   FAST_SCALES, W's NaN / Inf codes) gives NaN instead (mma_linear's poisoned multiplier);
@@ -75,8 +74,7 @@ STAGES = 4
 CONSUMER_REGS = 232
 AHEAD_REGS = 56
 # Where MX x MX products take this path (`preferred`): where it measured faster than the
-# dequantize + cuBLAS path on an H100 (benchmarks/bench_gpu_matmul.py --mx-gemm, docs/
-# performance.md): x and W each MXFP4, e4m3 or e5m2 (any pair), at least MIN_M rows and
+# dequantize + cuBLAS path on an H100 (benchmarks/bench_gpu_matmul.py --mx-gemm): x and W each MXFP4, e4m3 or e5m2 (any pair), at least MIN_M rows and
 # enough tiles to fill MIN_WAVE_FILL of the SMs (at 2048 x 1024 half of them idle and it lost
 # by a third). With both operands MXINT8 it lost to the dequantize path at N >= 8192 (mixed
 # pairs with MXINT8 were not measured).

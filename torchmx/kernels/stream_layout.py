@@ -7,9 +7,8 @@ lays W out so that:
 
 - each step of each tile is one contiguous run (one TMA box), and the runs go step by step,
   every tile's step 0, then every tile's step 1, ... ("step-major"), so that the CTAs, which
-  all go through K at about the same pace, read one region of memory at a time (on the H100
-  faster than each tile's steps in one run of its own: docs/performance.md, thirty-third
-  session):
+  all go through K at about the same pace, read one region of memory at a time (on an H100
+  faster than each tile's steps in one run of its own: benchmarks/bench_stream_linear.py):
 
       codes  [K / 128, N / 64, 64 rows, WORDS words of 4 bytes]   WORDS = 32 (one-byte), 16
       scales [K / 128, N / 64, 64 rows, 4 blocks]                  4 bytes a row

@@ -13,5 +13,5 @@
   a clear TypeError for other ops).
 
 `torchmx.mx_tensor` imports the handler modules at its end (they need the MXTensor class);
-`torchmx.aten_ops` (where the table used to live) re-exports the public names.
+`torchmx.aten_ops` re-exports the public names (an import path that existing code uses).
 """

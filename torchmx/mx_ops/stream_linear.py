@@ -33,7 +33,7 @@ __all__ = ["mx_stream_linear", "STREAM_ROWS", "uses_stream_kernel"]
 
 # Activation rows for which the stream kernel runs, by codes a packed group (1: MXFP8 and
 # MXINT8, 2: MXFP4, 4: MXFP6), from H100 timings at N = K = 8192 against the kernels it
-# replaces (benchmarks/bench_stream_linear.py, docs/performance.md): one row of one-byte codes
+# replaces (benchmarks/bench_stream_linear.py): one row of one-byte codes
 # is faster in byte_gemv's one-row kernel on the standard layout.
 STREAM_ROWS = {1: range(2, 65), 2: range(1, 65), 4: range(1, 65)}
 

@@ -1,14 +1,15 @@
-"""Reference numerics: the bit-exact contract of DESIGN.md section 2 in plain PyTorch."""
+"""Reference numerics: the bit-exact contract of docs/numerics.md in plain PyTorch."""
 
 from .elements import decode, encode
 from .packing import pack_codes, packed_length, unpack_codes
 from .reference import dequantize_mx_reference, quantize_mx_reference
-from .rounding import ROUNDING_MODES
-from .scale import SCALE_MODES
+from .modes import ROUNDING_MODES, SCALE_MODES, Rounding, ScaleMode
 
 __all__ = [
     "ROUNDING_MODES",
+    "Rounding",
     "SCALE_MODES",
+    "ScaleMode",
     "decode",
     "dequantize_mx_reference",
     "encode",

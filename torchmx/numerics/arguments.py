@@ -1,7 +1,7 @@
 """Validation of user arguments, shared by the reference, the custom ops and MXTensor.
 
 Every user mistake becomes a ValueError or TypeError that names the argument and what it
-allows (DESIGN.md section 5), before any arithmetic runs.
+allows, before any arithmetic runs.
 """
 
 from typing import Callable, Optional, Tuple, Union

@@ -4,7 +4,7 @@ from typing import Optional
 
 import torch
 
-ROUNDING_MODES = ("even", "away", "toward_zero", "trunc", "stochastic")
+from .modes import ROUNDING_MODES
 
 _MASK32 = 0xFFFFFFFF
 _HASH_MULTIPLIER = 0x45D9F3B  # < 2**27: products of 32-bit values stay exact in int64

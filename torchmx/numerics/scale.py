@@ -8,8 +8,7 @@ import torch
 
 from .. import dtypes
 from .bits import exact_pow2, floor_log2, is_power_of_two
-
-SCALE_MODES = ("floor", "ceil", "even", "rceil")
+from .modes import SCALE_MODES
 
 
 def _even_log2(amax: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
