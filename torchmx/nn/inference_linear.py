@@ -340,6 +340,9 @@ class MXInferenceLinear(nn.Module):
                 out = self._stream_call(x, bias)
                 if out is not None:
                     return out
+                if (kernel_parts is not None
+                        and weight_matmul._kernels_usable(self.weight_data.device)):
+                    fragment = None  # the operator would run mx_weight_linear's kernels: below
             if (kernel_parts is not None and fragment is None
                     and weight_matmul._kernels_usable(self.weight_data.device)
                     and (bias is None or bias.shape[0] == self.out_features)):
