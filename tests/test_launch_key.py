@@ -30,3 +30,26 @@ def test_tensors_by_dtype_and_alignment():
 def test_floats_share_one_key_and_others_are_keyed_by_value():
     assert _key([0.5], [False]) == _key([2.0], [False])  # passed as fp32, never specialized
     assert _key([None], [False]) != _key([False], [False])
+
+
+def test_linear_plans_are_made_once_per_kind_of_product(monkeypatch):
+    """kernels/matmul.linear makes one plan per key (shapes, strides, alignments, dtypes, bias
+    or none) and reuses it: the same product again, or another weight of the same shape, adds
+    none; a bias adds one. Every result is the exact product's bits."""
+    import torch.nn.functional as F
+
+    from matmul_operands import integer_operands, reference
+    from torchmx.kernels import matmul
+    from torchmx.mx_ops import weight_matmul
+
+    monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(matmul, "_PLANS", {})
+    x, w = integer_operands("float8_e4m3", 1, 16, 32)
+    _, w2 = integer_operands("float8_e4m3", 1, 16, 32, seed=1)
+    bias = torch.arange(16, dtype=torch.bfloat16) / 4
+    for a, weight, b, plans in [(x, w, None, 1), (x, w2, None, 1), (x, w, bias, 2),
+                                (x, w2, bias, 2)]:
+        with torch.no_grad():
+            got = F.linear(a, weight, b)
+        assert torch.equal(got, reference(a, weight, b))
+        assert len(matmul._PLANS) == plans
