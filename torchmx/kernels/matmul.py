@@ -447,11 +447,13 @@ def _plan(x2, w_scale, w_data, fmt: dtypes.DType, block_size: int, K: int, bias,
 
 def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
            block_size: int, K: int, bias: Optional[torch.Tensor],
-           out_dtype: torch.dtype) -> torch.Tensor:
+           out_dtype: torch.dtype, plans: Optional[dict] = None) -> torch.Tensor:
     """x [..., K] @ W.T + bias, W [N, K] in MX (see the module docstring). The path and its
     launches are decided once for each combination of what they depend on (`_plan`: the
     operands' formats, shapes, strides, alignments, dtypes and device, the bias or none) and
-    looked up after."""
+    looked up after. `plans`: a dict that one weight (these very w_scale and w_data) keeps for
+    its own plans, keyed by the input's side alone (MXInferenceLinear's); None: the plans of
+    every weight, keyed by both sides."""
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     if M <= SMALL_M:  # a few rows: a cheap copy keeps the kernel's offsets small and unit-stride
@@ -460,11 +462,13 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
     if bias is not None:  # the kernels index the bias with unit stride
         bias = bias.contiguous()
         bias_key = (bias.dtype, bias.data_ptr() & 15)
-    key = (fmt, block_size, K, x2.shape, x2.stride(), x2.dtype, x2.data_ptr() & 15, x2.device,
-           w_data.shape, w_data.stride(), w_data.dtype, w_data.data_ptr() & 15, w_scale.shape,
-           w_scale.stride(), w_scale.data_ptr() & 15, bias_key, out_dtype)
-    plan = _PLANS.get(key)
+    key = (x2.shape, x2.stride(), x2.dtype, x2.data_ptr() & 15, x2.device, bias_key, out_dtype)
+    if plans is None:
+        plans = _PLANS
+        key += (fmt, block_size, K, w_data.shape, w_data.stride(), w_data.dtype,
+                w_data.data_ptr() & 15, w_scale.shape, w_scale.stride(), w_scale.data_ptr() & 15)
+    plan = plans.get(key)
     if plan is None:
-        plan = _PLANS[key] = _plan(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
+        plan = plans[key] = _plan(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
     out = plan(x2, w_scale, w_data, bias)
     return out.reshape(*x.shape[:-1], w_scale.shape[0])

@@ -348,14 +348,17 @@ class MXInferenceLinear(nn.Module):
                     and (bias is None or bias.shape[0] == self.out_features)):
                 # what F.linear(x, weight, bias) reaches below MXTensor's dispatch, its parts
                 # (one MXTensor's) and route decided when the view was made
-                return matmul_kernels.linear(x, *kernel_parts, bias, x.dtype)
+                scale, data, fmt, block_size, K, plans = kernel_parts
+                return matmul_kernels.linear(x, scale, data, fmt, block_size, K, bias, x.dtype,
+                                             plans)
             return _packed_linear(x, weight, bias, self.qconfig.activations_config, fragment)
         return _PackedLinearFunction.apply(x, weight, bias, self.qconfig.activations_config,
                                            fragment)
 
     def _weight_view(self, dtype: torch.dtype, source: tuple):
-        """(`_weight_mx(dtype)`, the arguments of kernels/matmul.py's linear after x when
-        F.linear with that weight runs it, else None), built once per dtype and weight buffers
+        """(`_weight_mx(dtype)`, the arguments of kernels/matmul.py's linear when F.linear with
+        that weight runs it (its parts, the weight's own plans), else None), built once per
+        dtype and weight buffers
         (`source`); a view made under inference mode is an inference tensor, which autograd
         may not save: kept apart."""
         views = _WEIGHT_VIEWS.setdefault(self, {})
@@ -368,7 +371,7 @@ class MXInferenceLinear(nn.Module):
             if (self.qconfig.activations_config is None
                     and matmul_kernels.supported(cfg.elem_dtype, cfg.block_size, dtype)):
                 kernel_parts = (weight._scale_e8m0, weight._data, cfg.elem_dtype, cfg.block_size,
-                                self.in_features)
+                                self.in_features, {})  # the last: this weight's linear plans
             cached = views[key] = (source, weight, kernel_parts)
         return cached[1], cached[2]
 
