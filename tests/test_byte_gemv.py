@@ -155,15 +155,16 @@ def test_ineligible_products_take_the_other_kernel(case, monkeypatch):
     assert not byte_gemv.eligible(x, data, w.elem_dtype, w.block_size)
     if case == "fp32 x":
         return  # the fused kernels take bf16 / fp16 activations only
-    monkeypatch.setattr(byte_gemv, "byte_gemv", None)  # not called
+    monkeypatch.setattr(byte_gemv.GemvPlan, "__call__", None)  # not called
     out = km.fused_linear(x, w._scale_e8m0, data, w.elem_dtype, w.block_size, None, x.dtype)
     torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
 
 
 def test_fused_linear_dispatches_one_row_fp8_here(monkeypatch):
     calls = []
-    real = byte_gemv.byte_gemv
-    monkeypatch.setattr(byte_gemv, "byte_gemv", lambda *args: calls.append(args) or real(*args))
+    real = byte_gemv.GemvPlan.__call__  # the kernel's launches (also a plan's)
+    monkeypatch.setattr(byte_gemv.GemvPlan, "__call__",
+                        lambda self, *args: calls.append(args) or real(self, *args))
     x, w = integer_operands("float8_e5m2", 1, 24, 96)
     out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None, x.dtype)
     torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
@@ -178,8 +179,9 @@ def test_mx_linear_of_one_row(monkeypatch):
     """F.linear of one activation row (a decode step) and an MXFP8 weight reaches the kernel."""
     monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
     calls = []
-    real = byte_gemv.byte_gemv
-    monkeypatch.setattr(byte_gemv, "byte_gemv", lambda *args: calls.append(args) or real(*args))
+    real = byte_gemv.GemvPlan.__call__  # the kernel's launches (also a plan's)
+    monkeypatch.setattr(byte_gemv.GemvPlan, "__call__",
+                        lambda self, *args: calls.append(args) or real(self, *args))
     x, w = integer_operands("float8_e4m3", 1, 24, 96)
     bias = torch.randint(-3, 4, (24,)).to(torch.bfloat16).to(DEVICE)
     torch.testing.assert_close(F.linear(x[0], w, bias), reference(x, w, bias)[0], rtol=0, atol=0)

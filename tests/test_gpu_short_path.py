@@ -76,6 +76,35 @@ def test_inference_linear_short_path(fmt, prepack, rows):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e4m3", "float6_e2m3", "int8"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_stream_plan_is_the_operator(fmt, bias):
+    """A prepacked layer's eager call through its StreamPlan (the weight's descriptors built
+    once, the compiled kernel called directly) gives the operator's bits, call after call,
+    for every row count, and never synchronizes."""
+    from torchmx.kernels import stream_linear
+    from torchmx.nn import inference_linear
+    torch.manual_seed(4)
+    linear = torch.nn.Linear(1024, 4096, bias=bias, device="cuda", dtype=torch.bfloat16)
+    layer = torchmx.MXInferenceLinear.from_float(linear, QLinearConfig(MXConfig(fmt), None))
+    layer.prepack()
+    if layer._fragment_layout != "stream":
+        pytest.skip("no stream layout on this GPU / Triton")
+    b = None if layer.bias is None else layer.bias.detach()
+    base = torch.randn(64 * 1024 + 8, device="cuda", dtype=torch.bfloat16)
+    for rows, offset in [(1, 0), (2, 0), (16, 0), (16, 8), (64, 0), (1, 0), (16, 0)]:
+        x = base[offset:offset + rows * 1024].view(1, rows, 1024)
+        expected = torch.ops.torchmx.mx_stream_linear(
+            x, layer.weight_fragment_codes, layer.weight_fragment_scales,
+            layer.weight_fragment_counters, layer.weight_scale, layer.weight_data, fmt, 1024, b,
+            x.dtype)
+        with torch.no_grad(), no_host_sync():
+            got = layer(x)
+        assert torch.equal(got, expected), (rows, offset)
+    plans = inference_linear._STREAM_PLANS[layer][1]
+    assert any(isinstance(p, stream_linear.StreamPlan) for p in plans.values())
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_launch_cache_tells_specializations_apart(fmt):
     """kernels/_launch.py reuses a compiled kernel only for arguments of its specialization:
@@ -115,31 +144,45 @@ def test_linear_launch_cache_across_rows(fmt):
 
 def test_launch_keys_refine_tritons(monkeypatch):
     """Every pair of launches that kernels/_launch.py sends to one compiled kernel has one
-    Triton cache key too (a sweep of formats, dtypes, shapes, axes, scale modes and linears)."""
+    Triton cache key too (a sweep of formats, dtypes, shapes, axes, scale modes and linears),
+    and so do all the calls of one prepared `Launch` (a linear's plan)."""
     from triton.runtime.jit import compute_cache_key
 
-    from torchmx.kernels import _launch, byte_gemv, fragment_matmul, matmul, mma_linear
+    from torchmx.kernels import _launch, fragment_matmul
     from torchmx.kernels import triton_backend
 
     triton_keys = {}
+    plan_keys = {}
     real_launch = _launch.launch
+    real_call = _launch.Launch.__call__
+
+    def triton_key_of(kernel, args, kwargs):
+        _, key_cache, _, _, binder = kernel.device_caches[torch.cuda.current_device()]
+        _, specialization, options = binder(*args, **kwargs)
+        return compute_cache_key(key_cache, specialization, options)
+
+    def checked_call(self, *tensors):
+        args = list(self.args)
+        for slot, tensor in zip(self.slots, tensors):
+            args[slot] = tensor
+        key = triton_key_of(self.kernel, args, self.kwargs)
+        assert plan_keys.setdefault(id(self), key) == key, self.kernel.fn.__name__
+        real_call(self, *tensors)
 
     def checked(kernel, grid, *args, **kwargs):
         if hasattr(kernel, "device_caches"):
-            device = torch.cuda.current_device()
-            _, key_cache, _, _, binder = kernel.device_caches[device]
-            _, specialization, options = binder(*args, **kwargs)
-            triton_key = compute_cache_key(key_cache, specialization, options)
+            triton_key = triton_key_of(kernel, args, kwargs)
             names, known, defaults, constexpr = _launch._signature(kernel)
             values = list(args) + [kwargs[n] if n in kwargs else defaults[n]
                                    for n in names[len(args):]]
             ours = (kernel, _launch._key(values, constexpr),
                     tuple(sorted((k, v) for k, v in kwargs.items() if k not in known)))
             assert triton_keys.setdefault(ours, triton_key) == triton_key, kernel.fn.__name__
-        real_launch(kernel, grid, *args, **kwargs)
+        return real_launch(kernel, grid, *args, **kwargs)
 
-    for module in (byte_gemv, fragment_matmul, matmul, mma_linear, triton_backend):
+    for module in (_launch, fragment_matmul, triton_backend):
         monkeypatch.setattr(module, "launch", checked)
+    monkeypatch.setattr(_launch.Launch, "__call__", checked_call)
     torch.manual_seed(3)
     for fmt in FORMATS:
         for shape in [(16, 4096), (1, 64), (3, 100), (64, 8192)]:
@@ -157,7 +200,7 @@ def test_launch_keys_refine_tritons(monkeypatch):
                 with torch.no_grad():
                     F.linear(torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), w_mx)
     torch.cuda.synchronize()
-    assert len(triton_keys) > 20
+    assert len(triton_keys) > 20 and len(plan_keys) > 10
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -176,7 +176,7 @@ def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
     """N or K of 0, N or K off the 64-grid (K off the 128-grid for fp4 and fp6), one row (but
     fp6), fp16 or strided x: `eligible` refuses them and fused_linear gives the same result
     through its other kernels."""
-    monkeypatch.setattr(mma_linear, "mma_linear", None)  # not called
+    monkeypatch.setattr(mma_linear.MmaPlan, "__call__", None)  # not called
     bf16, fp16 = torch.bfloat16, torch.float16
     for fmt, M, N, K, dtype in [
             ("float8_e4m3", 4, 0, 64, bf16), ("float8_e4m3", 4, 64, 0, bf16),
@@ -206,8 +206,9 @@ def test_one_row_of_fp6_runs_here(fmt, monkeypatch):
     x, w = integer_operands(fmt, 1, 128, 384)
     assert mma_linear.eligible(x, w._data, w.elem_dtype, w.block_size)
     calls = []
-    real = mma_linear.mma_linear
-    monkeypatch.setattr(mma_linear, "mma_linear", lambda *args: calls.append(args) or real(*args))
+    real = mma_linear.MmaPlan.__call__  # the kernel's launches (also a plan's)
+    monkeypatch.setattr(mma_linear.MmaPlan, "__call__",
+                        lambda self, *args: calls.append(args) or real(self, *args))
     bias = torch.randint(-3, 4, (128,)).to(torch.bfloat16).to(DEVICE)
     out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, bias, x.dtype)
     torch.testing.assert_close(out, reference(x, w, bias), rtol=0, atol=0)
@@ -217,9 +218,9 @@ def test_one_row_of_fp6_runs_here(fmt, monkeypatch):
 def test_fused_linear_and_mx_linear_dispatch_here(monkeypatch):
     monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
     calls = []
-    real = mma_linear.mma_linear
-    monkeypatch.setattr(mma_linear, "mma_linear",
-                        lambda *args: calls.append(args) or real(*args))
+    real = mma_linear.MmaPlan.__call__  # the kernel's launches (also a plan's)
+    monkeypatch.setattr(mma_linear.MmaPlan, "__call__",
+                        lambda self, *args: calls.append(args) or real(self, *args))
     x, w = integer_operands("float8_e5m2", 8, 64, 128)
     bias = torch.randint(-3, 4, (64,)).to(torch.bfloat16).to(DEVICE)
     out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, bias, x.dtype)

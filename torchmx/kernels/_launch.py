@@ -8,6 +8,12 @@ Triton's own (`_key`), so a later call with arguments of the same specialization
 compiled kernel directly, as `CompiledKernel[grid](...)` does. A GPU test checks over a sweep
 that no two launches with one key have different Triton keys.
 
+`Launch` goes one step further for a launch decided once (a linear's plan, kernels/matmul.py):
+its kernel, grid and every argument but a few tensors are fixed, so a call puts the new
+tensors into the argument list and calls the compiled kernel, with no key to build. Its
+caller promises that the new tensors specialize as the first call's did (same dtypes, 16-byte
+alignment where the first call's were aligned).
+
 Off CUDA (Triton's interpreter) and while a launch hook is installed (Triton's profilers),
 every call takes `kernel[grid]` itself.
 """
@@ -16,7 +22,7 @@ import inspect
 
 import torch
 
-__all__ = ["launch"]
+__all__ = ["launch", "Launch"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
 _SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
@@ -59,23 +65,72 @@ def _hooks_installed() -> bool:
                                                          runtime.launch_exit_hook))
 
 
-def launch(kernel, grid, *args, **kwargs) -> None:
-    """kernel[grid](*args, **kwargs), through the compiled kernel where it is known."""
-    if not hasattr(kernel, "device_caches") or _hooks_installed():  # interpreter, profilers
-        kernel[grid](*args, **kwargs)
-        return
-    names, known, defaults, constexpr = _signature(kernel)
+def _values(kernel, args, kwargs) -> list:
+    """Every parameter's value in the kernel's order (defaults filled in)."""
+    names, _, defaults, _ = _signature(kernel)
     values = list(args)
     for name in names[len(args):]:
         values.append(kwargs[name] if name in kwargs else defaults[name])
+    return values
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """kernel[grid](*args, **kwargs), through the compiled kernel where it is known; returns
+    the compiled kernel (None under the interpreter or a launch hook)."""
+    if not hasattr(kernel, "device_caches") or _hooks_installed():  # interpreter, profilers
+        kernel[grid](*args, **kwargs)
+        return None
+    _, known, _, constexpr = _signature(kernel)
+    values = _values(kernel, args, kwargs)
     options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in known))
     device = torch.cuda.current_device()
     key = (kernel, device, options, _key(values, constexpr))
     compiled = _COMPILED.get(key)
     if compiled is None:
-        _COMPILED[key] = kernel[grid](*args, **kwargs)
-        return
+        compiled = _COMPILED[key] = kernel[grid](*args, **kwargs)
+        return compiled
     grid = tuple(grid) + (1,) * (3 - len(grid))
     stream = torch._C._cuda_getCurrentRawStream(device)
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
                  None, None, None, *values)
+    return compiled
+
+
+class Launch:
+    """kernel[grid](*args, **kwargs) decided once: a call `launch_(*tensors)` replaces the
+    positional arguments at `slots` by `tensors` and launches. The first call on a device
+    goes through `launch` (Triton's own specialization: `keyed` False for a kernel whose
+    arguments `launch` cannot key, such as Gluon's tensor descriptors, takes kernel[grid]);
+    later calls call its compiled kernel directly."""
+
+    __slots__ = ("kernel", "grid", "args", "kwargs", "slots", "keyed", "_values", "_compiled")
+
+    def __init__(self, kernel, grid, args, kwargs, slots, keyed: bool = True):
+        self.kernel, self.kwargs, self.slots, self.keyed = kernel, kwargs, tuple(slots), keyed
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.args = list(args)
+        self._values = _values(kernel, args, kwargs) if hasattr(kernel, "device_caches") else None
+        self._compiled = {}  # CUDA device index -> CompiledKernel
+
+    def __call__(self, *tensors) -> None:
+        compiled = None
+        if self._values is not None:
+            device = torch.cuda.current_device()
+            compiled = self._compiled.get(device)
+        if compiled is None or _hooks_installed():
+            args = self.args.copy()
+            for slot, tensor in zip(self.slots, tensors):
+                args[slot] = tensor
+            if self.keyed or self._values is None or _hooks_installed():
+                compiled = launch(self.kernel, self.grid, *args, **self.kwargs)
+            else:
+                compiled = self.kernel[self.grid](*args, **self.kwargs)
+            if compiled is not None and self._values is not None and not _hooks_installed():
+                self._compiled[device] = compiled
+            return
+        values = self._values.copy()
+        for slot, tensor in zip(self.slots, tensors):
+            values[slot] = tensor
+        grid = self.grid
+        compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device),
+                     compiled.function, compiled.packed_metadata, None, None, None, *values)

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .. import dtypes
-from ._launch import launch
+from ._launch import Launch
 from ._tl_numerics import decode_value, scale_value, to_output
 from .matmul import _format_constants, _interpreting, _sm_count
 from .matmul_kernels import _fp16_pair_to_f32, reduce_splits_kernel
@@ -297,26 +297,49 @@ def byte_gemv(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt:
     if (PIECE * cfg.pieces) % block_size:
         raise ValueError(f"byte_gemv: a step of {cfg.pieces} pieces ({PIECE * cfg.pieces} "
                          f"columns) must be whole blocks of {block_size}")
-    out = torch.empty((1, N), dtype=out_dtype, device=x.device)
     if N == 0:
+        return torch.empty((1, N), dtype=out_dtype, device=x.device)
+    return GemvPlan(x, w_scale, w_data, fmt, block_size, bias, out_dtype, cfg)(
+        x, w_scale, w_data, bias)
+
+
+class GemvPlan:
+    """byte_gemv's launches for products like the one it is built from (same shapes, strides,
+    dtypes, alignments, format, bias or none, config; N > 0): decided once, then a call
+    allocates the output (and split-K partials) and launches with the new tensors."""
+
+    def __init__(self, x, w_scale, w_data, fmt: dtypes.DType, block_size: int, bias,
+                 out_dtype: torch.dtype, cfg: GemvConfig):
+        N, K = w_data.shape
+        steps = triton.cdiv(K, PIECE * cfg.pieces)
+        steps_per_split = triton.cdiv(steps, min(cfg.split_k, max(steps, 1)))
+        split = triton.cdiv(steps, steps_per_split) if steps else 1
+        self.N, self.split, self.out_dtype, self.device = N, split, out_dtype, x.device
+        interpreter = _interpreting()
+        self.main = Launch(byte_gemv_kernel, (triton.cdiv(N, cfg.block_n), split),
+            (None,) * 6 + (N, K, steps_per_split, w_data.stride(0), w_scale.stride(0),
+                           w_scale.stride(1)),
+            dict(BLOCK=block_size, BLOCK_N=cfg.block_n, PIECES=cfg.pieces, SPLIT=split,
+                 X_FP16=x.dtype == torch.float16, EVEN_N=N % cfg.block_n == 0,
+                 EVEN_K=K % (PIECE * cfg.pieces) == 0, HAS_BIAS=bias is not None,
+                 INTERPRETER=interpreter, num_warps=cfg.num_warps, **_format_constants(fmt)),
+            range(6))
+        self.reduce = None
+        if split > 1:
+            reduce_block = 1024
+            # out [1, N] is contiguous: strides (N, 1)
+            self.reduce = Launch(reduce_splits_kernel, (triton.cdiv(N, reduce_block),),
+                (None,) * 3 + (1, N, N, 1),
+                dict(SPLIT_K=split, BLOCK=reduce_block, HAS_BIAS=bias is not None,
+                     INTERPRETER=interpreter),
+                range(3))
+
+    def __call__(self, x, w_scale, w_data, bias) -> torch.Tensor:
+        out = torch.empty((1, self.N), dtype=self.out_dtype, device=self.device)
+        partials = (torch.empty((self.split, self.N), dtype=torch.float32, device=self.device)
+                    if self.reduce is not None else out)
+        bias_arg = bias if bias is not None else out
+        self.main(x, w_data, w_scale, bias_arg, out, partials)
+        if self.reduce is not None:
+            self.reduce(partials, bias_arg, out)
         return out
-    steps = triton.cdiv(K, PIECE * cfg.pieces)
-    steps_per_split = triton.cdiv(steps, min(cfg.split_k, max(steps, 1)))
-    split = triton.cdiv(steps, steps_per_split) if steps else 1
-    partials = (torch.empty((split, N), dtype=torch.float32, device=x.device) if split > 1
-                else out)
-    interpreter = _interpreting()
-    launch(byte_gemv_kernel, (triton.cdiv(N, cfg.block_n), split),
-        x, w_data, w_scale, bias if bias is not None else out, out, partials, N, K,
-        steps_per_split, w_data.stride(0), w_scale.stride(0), w_scale.stride(1),
-        BLOCK=block_size, BLOCK_N=cfg.block_n, PIECES=cfg.pieces, SPLIT=split,
-        X_FP16=x.dtype == torch.float16, EVEN_N=N % cfg.block_n == 0,
-        EVEN_K=K % (PIECE * cfg.pieces) == 0, HAS_BIAS=bias is not None,
-        INTERPRETER=interpreter, num_warps=cfg.num_warps, **_format_constants(fmt))
-    if split > 1:
-        reduce_block = 1024
-        launch(reduce_splits_kernel, (triton.cdiv(N, reduce_block),),
-            partials, bias if bias is not None else out, out, 1, N, out.stride(0), out.stride(1),
-            SPLIT_K=split, BLOCK=reduce_block, HAS_BIAS=bias is not None,
-            INTERPRETER=interpreter)
-    return out

@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 
 from .. import dtypes
-from ._launch import launch
+from ._launch import Launch
 
 __all__ = ["SMALL_M", "supported", "linear", "fused_linear", "dequantized_linear", "Config"]
 
@@ -196,7 +196,7 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
                  out_dtype: torch.dtype, config: Optional[Config] = None) -> torch.Tensor:
     """x [M, K] (bf16/fp16) @ W.T + bias with the fused kernel; W [N, K] given by its codes
     `w_data` [N, packed(K)] and scale bytes `w_scale` [N, ceil(K / block_size)]."""
-    from . import byte_gemv, mma_linear, matmul_kernels as kernels
+    from . import byte_gemv, mma_linear
 
     M, K = x.shape
     N, blocks_k = w_scale.shape
@@ -204,42 +204,69 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
         return byte_gemv.byte_gemv(x, w_scale, w_data, fmt, block_size, bias, out_dtype)
     if config is None and mma_linear.eligible(x, w_data, fmt, block_size):
         return mma_linear.mma_linear(x, w_scale, w_data, fmt, block_size, bias, out_dtype)
-    out = torch.empty((M, N), dtype=out_dtype, device=x.device)
-    if M == 0 or N == 0:
-        return out
-    if K == 0:
+    if M == 0 or N == 0 or K == 0:
+        out = torch.empty((M, N), dtype=out_dtype, device=x.device)
+        if M == 0 or N == 0:
+            return out
         return out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
     cfg = config or _default_config(fmt, M, N, blocks_k, x.dtype, x.device)
     if cfg.variant == SCALED_DOTS and x.dtype != torch.bfloat16:
         raise ValueError("the scaled-dots variant needs bf16 activations")
-    block_m = 1 if cfg.variant == ROWS else _block_m(M)
-    nb = 1 if cfg.variant == BLOCK_DOTS else cfg.blocks
-    per_split = -(-blocks_k // cfg.split_k)
-    per_split = -(-per_split // nb) * nb
-    split_k = -(-blocks_k // per_split)
-    ws = (torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1
-          else out)
-    grid = (-(-N // cfg.block_n), split_k, -(-M // block_m))
-    interpreter = _interpreting()
-    fast = _fast_decode(fmt, x.device, cfg.variant, _whole_words(fmt, w_data, K))
-    words = _read_words(fmt, w_data, K, cfg.variant, fast)
-    launch(kernels.mx_weight_matmul_kernel, grid,
-        x, w_data, w_scale, bias if bias is not None else out, out, ws,
-        M, N, K, blocks_k, per_split,
-        x.stride(0), x.stride(1), w_data.stride(0), w_data.stride(1),
-        w_scale.stride(0), w_scale.stride(1), out.stride(0), out.stride(1),
-        BLOCK=block_size, BLOCK_M=block_m, BLOCK_N=cfg.block_n, NB=nb, VARIANT=cfg.variant,
-        SPLIT=split_k > 1, EVEN=_even(N, K, blocks_k, block_size, cfg.block_n, per_split),
-        HAS_BIAS=bias is not None, INTERPRETER=interpreter, WORDS=words,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        FAST=fast, **_format_constants(fmt),
-    )
-    if split_k > 1:
-        block = 1024
-        launch(kernels.reduce_splits_kernel, (-(-M * N // block),),
-            ws, bias if bias is not None else out, out, M, N, out.stride(0), out.stride(1),
-            SPLIT_K=split_k, BLOCK=block, HAS_BIAS=bias is not None, INTERPRETER=interpreter)
-    return out
+    return FusedPlan(x, w_scale, w_data, fmt, block_size, bias, out_dtype, cfg)(
+        x, w_scale, w_data, bias)
+
+
+class FusedPlan:
+    """fused_linear's launches for products like the one it is built from (same shapes,
+    strides, dtypes, alignments, format, bias or none, config): decided once, then a call
+    allocates the output (and split-K partials) and launches with the new tensors."""
+
+    def __init__(self, x, w_scale, w_data, fmt: dtypes.DType, block_size: int, bias,
+                 out_dtype: torch.dtype, cfg: Config):
+        from . import matmul_kernels as kernels
+        M, K = x.shape
+        N, blocks_k = w_scale.shape
+        block_m = 1 if cfg.variant == ROWS else _block_m(M)
+        nb = 1 if cfg.variant == BLOCK_DOTS else cfg.blocks
+        per_split = -(-blocks_k // cfg.split_k)
+        per_split = -(-per_split // nb) * nb
+        split_k = -(-blocks_k // per_split)
+        self.out_shape, self.out_dtype, self.device = (M, N), out_dtype, x.device
+        self.split_k = split_k
+        interpreter = _interpreting()
+        fast = _fast_decode(fmt, x.device, cfg.variant, _whole_words(fmt, w_data, K))
+        words = _read_words(fmt, w_data, K, cfg.variant, fast)
+        # out's strides: a fresh contiguous [M, N] tensor's (what __call__ allocates)
+        self.main = Launch(kernels.mx_weight_matmul_kernel,
+            (-(-N // cfg.block_n), split_k, -(-M // block_m)),
+            (None,) * 6 + (M, N, K, blocks_k, per_split,
+             x.stride(0), x.stride(1), w_data.stride(0), w_data.stride(1),
+             w_scale.stride(0), w_scale.stride(1), N, 1),
+            dict(BLOCK=block_size, BLOCK_M=block_m, BLOCK_N=cfg.block_n, NB=nb,
+                 VARIANT=cfg.variant, SPLIT=split_k > 1,
+                 EVEN=_even(N, K, blocks_k, block_size, cfg.block_n, per_split),
+                 HAS_BIAS=bias is not None, INTERPRETER=interpreter, WORDS=words,
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, FAST=fast,
+                 **_format_constants(fmt)),
+            range(6))
+        self.reduce = None
+        if split_k > 1:
+            block = 1024
+            self.reduce = Launch(kernels.reduce_splits_kernel, (-(-M * N // block),),
+                (None,) * 3 + (M, N, N, 1),
+                dict(SPLIT_K=split_k, BLOCK=block, HAS_BIAS=bias is not None,
+                     INTERPRETER=interpreter),
+                range(3))
+
+    def __call__(self, x, w_scale, w_data, bias) -> torch.Tensor:
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        ws = (torch.empty((self.split_k, *self.out_shape), dtype=torch.float32,
+                          device=self.device) if self.reduce is not None else out)
+        bias_arg = bias if bias is not None else out
+        self.main(x, w_data, w_scale, bias_arg, out, ws)
+        if self.reduce is not None:
+            self.reduce(ws, bias_arg, out)
+        return out
 
 
 def _int32_offsets(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, M: int) -> bool:
@@ -371,7 +398,7 @@ def dequantized_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Ten
         return acc.to(out_dtype)
 
 
-_ROUTES = {}  # what `_route` depends on -> (route, its config)
+_PLANS = {}  # what `_plan` depends on -> the plan: a callable (x2, w_scale, w_data, bias) -> out
 
 
 def _route(x2: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
@@ -395,32 +422,53 @@ def _route(x2: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: d
     return "fused", _default_config(fmt, M, N, blocks_k, x2.dtype, x2.device)
 
 
+def _plan(x2, w_scale, w_data, fmt: dtypes.DType, block_size: int, K: int, bias,
+          out_dtype: torch.dtype):
+    """The callable that computes this product (and every product with the same key in
+    `linear`): the route's kernel launches prepared once (FusedPlan, GemvPlan, MmaPlan), or
+    the dequantize + cuBLAS path."""
+    from .byte_gemv import GemvPlan
+    from .mma_linear import MmaPlan
+    path, config = _route(x2, w_scale, w_data, fmt, block_size, K)
+    if path == "dequantized":
+        return lambda x2, w_scale, w_data, bias: dequantized_linear(
+            x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
+    if path == "byte_gemv" and w_scale.shape[0]:
+        return GemvPlan(x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config)
+    if path == "mma":
+        return MmaPlan(x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config, False)
+    if path == "fused" and config is not None:
+        if config.variant == SCALED_DOTS and x2.dtype != torch.bfloat16:
+            raise ValueError("the scaled-dots variant needs bf16 activations")
+        return FusedPlan(x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config)
+    return lambda x2, w_scale, w_data, bias: fused_linear(  # empty products, N == 0
+        x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config)
+
+
 def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
            block_size: int, K: int, bias: Optional[torch.Tensor],
-           out_dtype: torch.dtype) -> torch.Tensor:
-    """x [..., K] @ W.T + bias, W [N, K] in MX (see the module docstring). The path is decided
-    once for each combination of what it depends on (`_route`) and looked up after."""
+           out_dtype: torch.dtype, plans: Optional[dict] = None) -> torch.Tensor:
+    """x [..., K] @ W.T + bias, W [N, K] in MX (see the module docstring). The path and its
+    launches are decided once for each combination of what they depend on (`_plan`: the
+    operands' formats, shapes, strides, alignments, dtypes and device, the bias or none) and
+    looked up after. `plans`: a dict that one weight (these very w_scale and w_data) keeps for
+    its own plans, keyed by the input's side alone (MXInferenceLinear's); None: the plans of
+    every weight, keyed by both sides."""
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     if M <= SMALL_M:  # a few rows: a cheap copy keeps the kernel's offsets small and unit-stride
         x2 = x2.contiguous()
+    bias_key = None
     if bias is not None:  # the kernels index the bias with unit stride
         bias = bias.contiguous()
-    key = (fmt, block_size, K, x2.shape, x2.stride(), x2.dtype, x2.data_ptr() & 15, x2.device,
-           w_data.shape, w_data.stride(), w_data.data_ptr() & 15, w_scale.shape,
-           w_scale.stride())
-    route = _ROUTES.get(key)
-    if route is None:
-        route = _ROUTES[key] = _route(x2, w_scale, w_data, fmt, block_size, K)
-    path, config = route
-    if path == "dequantized":
-        out = dequantized_linear(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
-    elif path == "byte_gemv":
-        from .byte_gemv import byte_gemv
-        out = byte_gemv(x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config)
-    elif path == "mma":
-        from .mma_linear import mma_linear
-        out = mma_linear(x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config)
-    else:
-        out = fused_linear(x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config)
+        bias_key = (bias.dtype, bias.data_ptr() & 15)
+    key = (x2.shape, x2.stride(), x2.dtype, x2.data_ptr() & 15, x2.device, bias_key, out_dtype)
+    if plans is None:
+        plans = _PLANS
+        key += (fmt, block_size, K, w_data.shape, w_data.stride(), w_data.dtype,
+                w_data.data_ptr() & 15, w_scale.shape, w_scale.stride(), w_scale.data_ptr() & 15)
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = _plan(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
+    out = plan(x2, w_scale, w_data, bias)
     return out.reshape(*x.shape[:-1], w_scale.shape[0])

@@ -73,7 +73,7 @@ from .piece_layout import check_pieces
 from .fragment_matmul import check_tile, split_steps, store_out, store_split, usable_on
 from .matmul import _block_m, _format_constants, _interpreting, _sm_count
 from .matmul_kernels import reduce_splits_kernel
-from ._launch import launch
+from ._launch import Launch
 
 __all__ = ["MmaConfig", "FAST_SCALES", "check_pieces", "default_config", "eligible", "mma_linear"]
 
@@ -838,26 +838,54 @@ def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
                          f"{CHUNK} v rows and {step} >= {block_size} columns must divide W)")
     if pieces is not None:
         check_pieces(pieces, fmt, block_size, N, K, x.device)
-    steps = K // step
-    split = min(cfg.split, steps)
-    interpreter = _interpreting()
-    out = torch.empty((M, N), dtype=out_dtype, device=x.device)
-    partials = (torch.empty((split, M, N), dtype=torch.float32, device=x.device)
-                if split > 1 else out)
-    piece_codes, piece_scales, counters = pieces if pieces is not None else (w_data, w_scale, out)
-    low, high = FAST_SCALES[fmt]
-    launch(mma_linear_kernel, (N // (CHUNK * cfg.v), split),
-        x, w_data, w_scale, piece_codes, piece_scales, counters,
-        bias if bias is not None else out, out, partials,
-        M, N, K, steps, x.stride(0), w_data.stride(0), w_scale.stride(0), w_scale.stride(1),
-        out.stride(0), BLOCK=block_size, BLOCK_M=_block_m(M), V=cfg.v, U=cfg.u, SPLIT=split,
-        AHEAD=cfg.ahead, HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2,
-        S_MIN=low, S_MAX=high, INTERPRETER=interpreter, PIECES=pieces is not None,
-        num_warps=4, num_stages=2, **_format_constants(fmt), **_unit_constants(fmt),
-        **({} if cfg.maxnreg is None or interpreter else {"maxnreg": cfg.maxnreg}))
-    if split > 1 and pieces is None:
-        block = 1024
-        launch(reduce_splits_kernel, (triton.cdiv(M * N, block),),
-            partials, bias if bias is not None else out, out, M, N, out.stride(0), out.stride(1),
-            SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None, INTERPRETER=interpreter)
-    return out
+    return MmaPlan(x, w_scale, w_data, fmt, block_size, bias, out_dtype, cfg,
+                   pieces is not None)(x, w_scale, w_data, bias, pieces)
+
+
+class MmaPlan:
+    """mma_linear's launches for products like the one it is built from (same shapes,
+    strides, dtypes, alignments, format, bias or none, pieces or none, config): decided once,
+    then a call allocates the output (and split-K partials) and launches with the new
+    tensors."""
+
+    def __init__(self, x, w_scale, w_data, fmt: dtypes.DType, block_size: int, bias,
+                 out_dtype: torch.dtype, cfg: MmaConfig, pieces: bool):
+        M, K = x.shape
+        N = w_data.shape[0]
+        steps = K // (UNITS[fmt.codes_per_group][0] * cfg.u)
+        split = min(cfg.split, steps)
+        self.out_shape, self.out_dtype, self.device = (M, N), out_dtype, x.device
+        self.split = split
+        interpreter = _interpreting()
+        low, high = FAST_SCALES[fmt]
+        # out [M, N] is contiguous: stride(0) N
+        self.main = Launch(mma_linear_kernel, (N // (CHUNK * cfg.v), split),
+            (None,) * 9 + (M, N, K, steps, x.stride(0), w_data.stride(0), w_scale.stride(0),
+                           w_scale.stride(1), N),
+            dict(BLOCK=block_size, BLOCK_M=_block_m(M), V=cfg.v, U=cfg.u, SPLIT=split,
+                 AHEAD=cfg.ahead, HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2,
+                 S_MIN=low, S_MAX=high, INTERPRETER=interpreter, PIECES=pieces,
+                 num_warps=4, num_stages=2, **_format_constants(fmt), **_unit_constants(fmt),
+                 **({} if cfg.maxnreg is None or interpreter else {"maxnreg": cfg.maxnreg})),
+            range(9))
+        self.reduce = None
+        if split > 1 and not pieces:
+            block = 1024
+            self.reduce = Launch(reduce_splits_kernel, (triton.cdiv(M * N, block),),
+                (None,) * 3 + (M, N, N, 1),
+                dict(SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None,
+                     INTERPRETER=interpreter),
+                range(3))
+
+    def __call__(self, x, w_scale, w_data, bias, pieces=None) -> torch.Tensor:
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        partials = (torch.empty((self.split, *self.out_shape), dtype=torch.float32,
+                                device=self.device) if self.split > 1 else out)
+        piece_codes, piece_scales, counters = pieces if pieces is not None else (w_data, w_scale,
+                                                                                 out)
+        bias_arg = bias if bias is not None else out
+        self.main(x, w_data, w_scale, piece_codes, piece_scales, counters, bias_arg, out,
+                  partials)
+        if self.reduce is not None:
+            self.reduce(partials, bias_arg, out)
+        return out

@@ -74,7 +74,7 @@ from .triton_backend import device_capability
 
 __all__ = ["MAX_PREFETCH", "MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
            "default_config", "eligible", "fills_waves", "kernel_arguments", "split_k",
-           "stream_linear", "usable_on", "wave_fill"]
+           "stream_linear", "StreamPlan", "usable_on", "wave_fill"]
 
 # Ring slots and sub-steps a slot by codes a packed group (1: one-byte codes, 2: fp4, 4: fp6),
 # from H100 sweeps at N = K = 8192 and 1, 16 and 64 rows (benchmarks/bench_stream_linear.py,
@@ -277,6 +277,56 @@ def stream_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     return out
 
 
+def _checked_config(fmt: dtypes.DType, M: int, N: int, K: int, device: torch.device,
+                    config: Optional[StreamConfig]) -> StreamConfig:
+    cfg = config or default_config(fmt, M, K, split_k(N, K, device))
+    steps = K // stream_layout.STEP_CODES
+    if steps % cfg.sub or steps // cfg.sub < 2 * cfg.split:
+        raise ValueError(f"stream_linear: config {cfg} needs K / 128 = {steps} to be a multiple "
+                         f"of sub with at least two slots' worth a part")
+    if cfg.stages * _slot_bytes(fmt, _rows_padded(M), cfg.sub) + 64 * _rows_padded(M) * 4 > \
+            _SHARED_BYTES:
+        raise ValueError(f"stream_linear: config {cfg} needs more shared memory than sm_90 has "
+                         f"at {_rows_padded(M)} padded rows")
+    return cfg
+
+
+def _weight_descriptors(codes, scales, fmt: dtypes.DType, cfg: StreamConfig):
+    """(plane A's, plane B's and the stream scales' TMA descriptors, the planes, the scales
+    viewed a step a row): what depends only on the weight and the config."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    sb = stream_layout.STEP_CODES // stream_layout.BLOCK * 64  # scale bytes of a step
+    scales2 = scales.view(-1, sb)
+    if fmt in stream_layout.FP6:  # planes A and B: 64 and 32 bytes a row's step
+        planes = stream_layout.fp6_planes(codes)
+    else:  # plane A only (the kernel reads no plane B)
+        planes = (codes.view(-1, stream_layout.step_bytes(fmt)),) * 2
+    w_boxes = [[64, plane.shape[1]] for plane in planes]  # a tile's sub-step
+    w_descriptors = tuple(
+        TensorDescriptor(plane, list(plane.shape), [box[1], 1], box,
+                         gl.NVMMASharedLayout.get_default_for(box, gl.uint8))
+        for plane, box in zip(planes, w_boxes))
+    s_descriptor = TensorDescriptor(scales2, list(scales2.shape), [sb, 1], [1, sb],
+                                    gl.NVMMASharedLayout(swizzle_byte_width=0,
+                                                         element_bitwidth=8, rank=2))
+    return w_descriptors, s_descriptor, planes
+
+
+def _x_layout(M: int, cfg: StreamConfig):
+    """x^T's TMA box (MP padded rows, a slot's sub-steps of codes) and its shared layout."""
+    from triton.experimental.gluon import language as gl
+    x_box = [_rows_padded(M), stream_layout.STEP_CODES * cfg.sub]
+    return x_box, gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16)
+
+
+def _constants(fmt: dtypes.DType, M: int, cfg: StreamConfig, has_bias: bool) -> dict:
+    return dict(MP=_rows_padded(M), STAGES=cfg.stages, SUB=cfg.sub, SPLIT=cfg.split,
+                PDL=cfg.pdl, PREFETCH=cfg.prefetch if cfg.pdl else 0, launch_pdl=cfg.pdl,
+                HAS_BIAS=has_bias, E5M2=fmt == dtypes.float8_e5m2, num_warps=4,
+                **_format_constants(fmt))
+
+
 def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias, out,
                      config: Optional[StreamConfig] = None, counters=None):
     """(grid, arguments, constexprs) of stream_linear_kernel for these operands (checked by
@@ -284,35 +334,14 @@ def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias,
     standard parts, bias, out and, where K is split, the fp32 partials [split, N, MP] and the
     counters (fresh zeros for None). The tests compile the kernel for sm_90 from these on the
     CPU."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     (M, K), N = x.shape, out.shape[1]
-    cfg = config or default_config(fmt, M, K, split_k(N, K, x.device))
-    steps = K // stream_layout.STEP_CODES
-    if steps % cfg.sub or steps // cfg.sub < 2 * cfg.split:
-        raise ValueError(f"stream_linear: config {cfg} needs K / 128 = {steps} to be a multiple "
-                         f"of sub with at least two slots' worth a part")
+    cfg = _checked_config(fmt, M, N, K, x.device, config)
     MP = _rows_padded(M)
-    if cfg.stages * _slot_bytes(fmt, MP, cfg.sub) + 64 * MP * 4 > _SHARED_BYTES:
-        raise ValueError(f"stream_linear: config {cfg} needs more shared memory than sm_90 has "
-                         f"at {MP} padded rows")
-    sb = stream_layout.STEP_CODES // stream_layout.BLOCK * 64  # scale bytes of a step
-    scales2 = scales.view(-1, sb)
-    if fmt in stream_layout.FP6:  # planes A and B: 64 and 32 bytes a row's step
-        planes = stream_layout.fp6_planes(codes)
-    else:  # plane A only (the kernel reads no plane B)
-        planes = (codes.view(-1, stream_layout.step_bytes(fmt)),) * 2
-    x_box = [MP, stream_layout.STEP_CODES * cfg.sub]
-    w_boxes = [[64, plane.shape[1]] for plane in planes]  # a tile's sub-step
-    descriptors = tuple(
-        TensorDescriptor(plane, list(plane.shape), [box[1], 1], box,
-                         gl.NVMMASharedLayout.get_default_for(box, gl.uint8))
-        for plane, box in zip(planes, w_boxes)) + (
-        TensorDescriptor(x, [M, K], [K, 1], x_box,
-                         gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16)),
-        TensorDescriptor(scales2, list(scales2.shape), [sb, 1], [1, sb],
-                         gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8,
-                                              rank=2)))
+    w_descriptors, s_descriptor, planes = _weight_descriptors(codes, scales, fmt, cfg)
+    x_box, x_layout = _x_layout(M, cfg)
+    descriptors = w_descriptors + (TensorDescriptor(x, [M, K], [K, 1], x_box, x_layout),
+                                   s_descriptor)
     partials = out  # not read without split-K
     if cfg.split > 1:
         partials = torch.empty(cfg.split * N * MP, dtype=torch.float32, device=x.device)
@@ -322,8 +351,50 @@ def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias,
                  bias if bias is not None else out, out, partials,
                  counters if counters is not None else out, M, K, x.stride(0), w_data.stride(0),
                  w_scale.stride(0), out.stride(0))
-    constants = dict(MP=MP, STAGES=cfg.stages, SUB=cfg.sub, SPLIT=cfg.split, PDL=cfg.pdl,
-                     PREFETCH=cfg.prefetch if cfg.pdl else 0, launch_pdl=cfg.pdl,
-                     HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2, num_warps=4,
-                     **_format_constants(fmt))
+    constants = _constants(fmt, M, cfg, bias is not None)
     return (N // stream_layout.CHUNK * cfg.split,), arguments, constants
+
+
+class StreamPlan:
+    """stream_linear for one weight (its stream parts, standard parts and split-K counters)
+    and one kind of input (M contiguous, 16-byte aligned bf16 rows; a bias or none, and its
+    16-byte alignment; the output dtype), decided once: the config, the grid and the weight's TMA descriptors are
+    built here; a call builds x's descriptor, allocates the output (and the split-K partials)
+    and launches the compiled kernel (kernels/_launch.Launch). The caller checks what
+    `stream_linear` checks, once (MXInferenceLinear: when it makes the plan)."""
+
+    _X, _X_PTR, _BIAS, _OUT, _PARTIALS = 2, 7, 10, 11, 12  # their places in the arguments
+
+    def __init__(self, M: int, codes, scales, w_scale, w_data, fmt: dtypes.DType,
+                 has_bias: bool, out_dtype: torch.dtype, counters: torch.Tensor,
+                 config: Optional[StreamConfig] = None):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        from ._gl_stream import stream_linear_kernel
+        from ._launch import Launch
+        N, K = w_data.shape[0], w_scale.shape[1] * stream_layout.BLOCK
+        device = w_data.device
+        cfg = _checked_config(fmt, M, N, K, device, config)
+        self.M, self.N, self.K, self.out_dtype, self.device = M, N, K, out_dtype, device
+        self.partials = cfg.split * N * _rows_padded(M) if cfg.split > 1 else 0
+        w_descriptors, s_descriptor, planes = _weight_descriptors(codes, scales, fmt, cfg)
+        self.x_box, self.x_layout = _x_layout(M, cfg)
+        self._descriptor = TensorDescriptor
+        arguments = (*w_descriptors, None, s_descriptor, planes[0], planes[1], scales, None,
+                     w_data.view(torch.uint8), w_scale, None, None, None,
+                     counters, M, K, K, w_data.stride(0),
+                     w_scale.stride(0), N)
+        self.launch = Launch(stream_linear_kernel, (N // stream_layout.CHUNK * cfg.split,),
+                             arguments, _constants(fmt, M, cfg, has_bias),
+                             (self._X, self._X_PTR, self._BIAS, self._OUT, self._PARTIALS),
+                             keyed=False)
+
+    def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """x [M, K] contiguous, 16-byte aligned bf16; bias [N] contiguous or None (as the
+        plan was made)."""
+        out = torch.empty((self.M, self.N), dtype=self.out_dtype, device=self.device)
+        partials = (torch.empty(self.partials, dtype=torch.float32, device=self.device)
+                    if self.partials else out)
+        x_descriptor = self._descriptor(x, [self.M, self.K], [self.K, 1], self.x_box,
+                                        self.x_layout)
+        self.launch(x_descriptor, x, bias if bias is not None else out, out, partials)
+        return out

@@ -19,6 +19,8 @@ from .. import dtypes
 from .._eager import short_path
 from ..config import QLinearConfig
 from ..kernels import fragment_layout, piece_layout, stream_layout
+from ..kernels import matmul as matmul_kernels
+from ..mx_ops import weight_matmul
 from ..mx_ops.fragment_linear import mx_fp4_fragment_linear  # noqa: F401 - registers the op
 from ..mx_ops.piece_linear import mx_piece_linear  # noqa: F401 - registers the op
 from ..mx_ops.stream_linear import mx_stream_linear  # noqa: F401 - registers the op
@@ -117,6 +119,8 @@ def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
 # layer -> {dtype: (weight source, the weight viewed as an MXTensor)}: outside the layer, so
 # that it is neither pickled, copied nor moved with it.
 _WEIGHT_VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# layer -> (its stream copy's source, {kind of input: StreamPlan or None}): outside the layer too
+_STREAM_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class MXInferenceLinear(nn.Module):
@@ -330,21 +334,81 @@ class MXInferenceLinear(nn.Module):
         if compiling:
             return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
                                                self.qconfig.activations_config, fragment)
-        weight = self._weight_view(x.dtype, source)
+        weight, kernel_parts = self._weight_view(x.dtype, source)
         if short_path(x, bias):
+            if self._fragment_layout == "stream" and fragment is not None:
+                out = self._stream_call(x, bias)
+                if out is not None:
+                    return out
+                if (kernel_parts is not None
+                        and weight_matmul._kernels_usable(self.weight_data.device)):
+                    fragment = None  # the operator would run mx_weight_linear's kernels: below
+            if (kernel_parts is not None and fragment is None
+                    and weight_matmul._kernels_usable(self.weight_data.device)
+                    and (bias is None or bias.shape[0] == self.out_features)):
+                # what F.linear(x, weight, bias) reaches below MXTensor's dispatch, its parts
+                # (one MXTensor's) and route decided when the view was made
+                scale, data, fmt, block_size, K, plans = kernel_parts
+                return matmul_kernels.linear(x, scale, data, fmt, block_size, K, bias, x.dtype,
+                                             plans)
             return _packed_linear(x, weight, bias, self.qconfig.activations_config, fragment)
         return _PackedLinearFunction.apply(x, weight, bias, self.qconfig.activations_config,
                                            fragment)
 
-    def _weight_view(self, dtype: torch.dtype, source: tuple) -> MXTensor:
-        """`_weight_mx(dtype)`, built once per dtype and weight buffers (`source`); one made
-        under inference mode is an inference tensor, which autograd may not save: kept apart."""
+    def _weight_view(self, dtype: torch.dtype, source: tuple):
+        """(`_weight_mx(dtype)`, the arguments of kernels/matmul.py's linear when F.linear with
+        that weight runs it (its parts, the weight's own plans), else None), built once per
+        dtype and weight buffers
+        (`source`); a view made under inference mode is an inference tensor, which autograd
+        may not save: kept apart."""
         views = _WEIGHT_VIEWS.setdefault(self, {})
         key = (dtype, torch.is_inference_mode_enabled())
         cached = views.get(key)
         if cached is None or cached[0] != source:
-            cached = views[key] = (source, self._weight_mx(dtype))
-        return cached[1]
+            weight = self._weight_mx(dtype)
+            cfg = self.qconfig.weights_config
+            kernel_parts = None
+            if (self.qconfig.activations_config is None
+                    and matmul_kernels.supported(cfg.elem_dtype, cfg.block_size, dtype)):
+                kernel_parts = (weight._scale_e8m0, weight._data, cfg.elem_dtype, cfg.block_size,
+                                self.in_features, {})  # the last: this weight's linear plans
+            cached = views[key] = (source, weight, kernel_parts)
+        return cached[1], cached[2]
+
+    def _stream_call(self, x: torch.Tensor, bias: Optional[torch.Tensor]):
+        """mx_stream_linear's body for this layer's stream copy, through a StreamPlan made
+        once per kind of input (rows, dtype, device, bias) where the operator would run the
+        stream kernel (mx_ops/stream_linear's decision); None where it would not."""
+        from ..kernels import stream_linear
+        from ..mx_ops.stream_linear import _stream_rows
+        if not weight_matmul._kernels_usable(x.device):
+            return None
+        K = self.in_features
+        rows = x.numel() // K
+        if bias is not None:
+            bias = bias.contiguous()
+        key = (rows, x.dtype, x.device,
+               None if bias is None else (bias.dtype, bias.shape, bias.data_ptr() & 15))
+        cached = _STREAM_PLANS.get(self)
+        if cached is None or cached[0] is not self._fragment_source:
+            cached = _STREAM_PLANS[self] = (self._fragment_source, {})
+        plans = cached[1]
+        if key not in plans:
+            cfg = self.qconfig.weights_config
+            plans[key] = None
+            if (_stream_rows(x, self.weight_scale, cfg.elem_dtype, x.dtype) is not None
+                    and (bias is None or tuple(bias.shape) == (self.out_features,))):
+                plans[key] = stream_linear.StreamPlan(
+                    rows, self.weight_fragment_codes, self.weight_fragment_scales,
+                    self.weight_scale.contiguous(), self.weight_data.contiguous(),
+                    cfg.elem_dtype, bias is not None, x.dtype, self.weight_fragment_counters)
+        plan = plans[key]
+        if plan is None:
+            return None
+        x2 = x.reshape(rows, K)
+        if not x2.is_contiguous() or x2.data_ptr() % 16:
+            x2 = x2.clone(memory_format=torch.contiguous_format)
+        return plan(x2, bias).reshape(*x.shape[:-1], self.out_features)
 
     def to_float(self, dtype: Optional[torch.dtype] = None) -> nn.Linear:
         """A plain nn.Linear holding the dequantized weight in `dtype` (default weight_dtype).

@@ -1,0 +1,105 @@
+"""Where the host time of an eager MX decode step goes: bench_overhead's 4 Llama MLP blocks
+(hidden 4096, intermediate 14336) with MXFP4 / MXFP8 weights, one eager forward under
+cProfile and under torch.profiler (the kernels launched per forward).
+
+    python benchmarks/profile_decode.py                 # CUDA, 1 and 16 rows
+    python benchmarks/profile_decode.py --prepack       # also with prepack_weights()
+
+Prints, per model: the wall time of a forward with and without a synchronize at the end
+(the host time alone, when the GPU keeps up), the functions with the most own host time, and
+the GPU kernels of one forward with their counts.
+"""
+
+import argparse
+import copy
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+
+import torchmx
+from torchmx.config import MXConfig, QLinearConfig
+from torchmx.nn.inference_linear import prepack_weights
+
+from bench_overhead import MLPStack
+
+
+def _per_call_us(fn, sync: bool, calls=50, rounds=7) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if sync:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _profile(fn, top: int) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(20):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def _kernels(fn) -> str:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    counts = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            counts[event.name] = counts.get(event.name, 0) + 1
+    return "\n".join(f"  {n:4d}  {name[:100]}" for name, n in sorted(counts.items(),
+                                                                    key=lambda kv: -kv[1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prepack", action="store_true")
+    parser.add_argument("--top", type=int, default=30)
+    options = parser.parse_args()
+    torch.manual_seed(0)
+    reference = MLPStack()
+    models = {"bf16": reference}
+    for fmt, name in (("float4_e2m1", "MXFP4"), ("float8_e4m3", "MXFP8")):
+        model = copy.deepcopy(reference)
+        torchmx.quantize_linear_(model, QLinearConfig(MXConfig(fmt), None))
+        models[name] = model
+        if options.prepack:
+            prepacked = copy.deepcopy(model)
+            prepack_weights(prepacked)
+            models[name + " prepacked"] = prepacked
+    print(f"profile_decode, torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    with torch.no_grad():
+        for rows in (1, 16):
+            x = torch.randn(1, rows, 4096, device="cuda", dtype=torch.bfloat16)
+            for name, model in models.items():
+                def step():
+                    return model(x)
+                synced = _per_call_us(step, True)
+                host = _per_call_us(step, False)
+                print(f"\n=== {name}, {rows} rows: {synced:.1f} us a forward, host alone "
+                      f"{host:.1f} us ===")
+                if name == "bf16":
+                    continue
+                print(_kernels(step))
+                print(_profile(step, options.top))
+
+
+if __name__ == "__main__":
+    main()
