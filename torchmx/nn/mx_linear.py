@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import QLinearConfig
+from ..mx_tensor import MXTensor
 from ..numerics import arguments as args
 from . import arguments
 from .functional import fake_quantize
@@ -37,7 +38,7 @@ class _MXLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, qconfig):
         x_q = fake_quantize(x, qconfig.activations_config, -1)
-        w_q = fake_quantize(weight, qconfig.weights_config, -1)
+        w_q = _quantized_weight(weight, qconfig)
         grad = qconfig.grad_config
         # Backward requantizes the high-precision operand when its role has a config, else it
         # reuses the forward's quantized operand (straight-through).
@@ -68,6 +69,14 @@ class _MXLinearFunction(torch.autograd.Function):
         if bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = g.sum(0).to(bias_dtype)
         return grad_x, grad_w, grad_b, None
+
+
+def _quantized_weight(weight, qconfig):
+    """The weight's MX values in its dtype. An MXTensor weight is the one FSDP2 all-gathered in
+    MX bytes (torchmx.distributed.MXAllGatherWeight), already quantized per weights_config."""
+    if isinstance(weight, MXTensor):
+        return weight.dequantize()
+    return fake_quantize(weight, qconfig.weights_config, -1)
 
 
 def _product(x_q, w_q, bias):
