@@ -15,8 +15,10 @@ from torch import nn
 
 from ..nn.mx_linear import MXLinear
 from .all_gather_weight import MXAllGatherWeight, plain_state_dict
+from .tensor_parallel import MXParallelInferenceLinear, parallelize_mx_inference_linear
 
-__all__ = ["MXAllGatherWeight", "enable_mx_all_gather"]
+__all__ = ["MXAllGatherWeight", "enable_mx_all_gather", "MXParallelInferenceLinear",
+           "parallelize_mx_inference_linear"]
 
 
 def enable_mx_all_gather(model: nn.Module) -> List[str]:
