@@ -40,6 +40,16 @@ def ranks(tmp_path_factory):
     return out, results
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The references run with the ranks' one intra-op thread: a CPU GEMM may order its sums
+    by its thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def assert_equal_bits(actual, expected):
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     assert torch.equal(actual.view(torch.int32), expected.view(torch.int32))

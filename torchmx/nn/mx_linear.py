@@ -44,6 +44,8 @@ class _MXLinearFunction(torch.autograd.Function):
         # reuses the forward's quantized operand (straight-through).
         x_saved = x if grad is not None and grad.wgrad_input_config is not None else x_q
         w_saved = weight if grad is not None and grad.dgrad_weight_config is not None else w_q
+        if isinstance(weight, MXTensor):  # FSDP2 frees and re-gathers it: keep no copy
+            w_saved = weight
         ctx.save_for_backward(x_saved, w_saved)
         ctx.grad_config = grad
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
@@ -52,6 +54,8 @@ class _MXLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         x, weight = ctx.saved_tensors
+        if isinstance(weight, MXTensor):
+            weight = weight.dequantize()
         x_dtype, weight_dtype, bias_dtype = ctx.dtypes
         cfg = ctx.grad_config
         g = grad_output.reshape(-1, grad_output.shape[-1])  # (tokens M, out_features N)
