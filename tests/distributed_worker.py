@@ -88,7 +88,8 @@ def run_rank(rank: int, out: str, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         results = {"fsdp": {fmt: fsdp_qat(rank, fmt, out) for fmt in QAT_FORMATS},
-                   "ddp": ddp_qat(rank), "tp": tensor_parallel(rank, out)}
+                   "ddp": ddp_qat(rank), "tp": tensor_parallel(rank, out),
+                   "docs": docs_snippets(out)}
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -172,3 +173,29 @@ def tensor_parallel(rank, out):
             if fmt == "float4_e2m1" and integer_valued:
                 dcp.save({"model": pair.state_dict()}, checkpoint_id=os.path.join(out, "tp"))
     return outputs
+
+
+def docs_snippets(out):
+    """docs/distributed.md's QAT script (2 steps, then resumed from its checkpoint for a third)
+    and its tensor-parallel MLP, on CPU."""
+    import pathlib
+    import contextlib
+    import io
+
+    from docs_markdown import blocks
+
+    page = pathlib.Path(__file__).resolve().parent.parent / "docs" / "distributed.md"
+    namespace = {"__name__": "__docs__"}
+    for info, _, code in blocks(page.read_text()):
+        if info == "python":
+            exec(compile(code, str(page), "exec"), namespace)
+    tiny = ["--hidden", "64", "--layers", "1", "--sequence", "16", "--save-every", "1",
+            "--checkpoint", os.path.join(out, "docs-qat")]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        namespace["main"](["--steps", "2", *tiny])
+        namespace["main"](["--steps", "3", *tiny])
+    mlp = namespace["parallel_mlp"]("cpu")
+    with torch.no_grad():
+        y = mlp(torch.randn(3, 1024, generator=torch.Generator().manual_seed(0)))
+    return {"printed": printed.getvalue(), "mlp_output": y}

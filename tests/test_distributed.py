@@ -9,6 +9,7 @@
   tensor-parallel model saved on 2 ranks loads into a plain one.
 - tensor parallel MXInferenceLinear: column-wise outputs bit-identical, row-wise (and a
   column-wise/row-wise pair) bit-identical where the sums are exact, else within fp32 rounding.
+- docs/distributed.md's QAT script (trains, saves, resumes) and tensor-parallel MLP run.
 """
 
 import os
@@ -32,7 +33,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    """Both ranks' results (forked: the test process has imported torch and torchmx already)."""
+    """Both ranks' results (forked: the ranks inherit the modules the test process imported,
+    transformers' Llama too, which docs/distributed.md's script uses)."""
+    import transformers.models.llama.modeling_llama  # noqa: F401
     out = str(tmp_path_factory.mktemp("distributed"))
     mp.start_processes(w.run_rank, args=(out, _free_port()), nprocs=w.WORLD, start_method="fork")
     results = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False)
@@ -150,3 +153,16 @@ def test_tensor_parallel_checkpoint_on_2_ranks_loads_on_1(ranks):
     for name, tensor in expected.state_dict().items():
         if isinstance(tensor, torch.Tensor):
             assert torch.equal(model.state_dict()[name], tensor), name
+
+
+def test_docs_script_trains_saves_and_resumes(ranks):
+    _, results = ranks
+    printed = results[0]["docs"]["printed"].splitlines()
+    assert [line.split(":")[0] for line in printed] == ["step 0", "step 1", "step 2"]
+    assert results[1]["docs"]["printed"] == ""  # rank 0 prints
+
+
+def test_docs_tensor_parallel_mlp(ranks):
+    _, results = ranks
+    outputs = [r["docs"]["mlp_output"] for r in results]
+    assert outputs[0].shape == (3, 1024) and torch.equal(outputs[0], outputs[1])
