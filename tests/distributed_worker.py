@@ -89,7 +89,7 @@ def run_rank(rank: int, out: str, port: int) -> None:
     try:
         results = {"fsdp": {fmt: fsdp_qat(rank, fmt, out) for fmt in QAT_FORMATS},
                    "ddp": ddp_qat(rank), "tp": tensor_parallel(rank, out),
-                   "docs": docs_snippets(out)}
+                   "docs": docs_snippets(out), "errors": argument_errors()}
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -199,3 +199,35 @@ def docs_snippets(out):
     with torch.no_grad():
         y = mlp(torch.randn(3, 1024, generator=torch.Generator().manual_seed(0)))
     return {"printed": printed.getvalue(), "mlp_output": y}
+
+
+def argument_errors():
+    """(exception type name, message) of each bad argument to the distributed API."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from torchmx.distributed import (MXAllGatherWeight, MXParallelInferenceLinear,
+                                     enable_mx_all_gather, parallelize_mx_inference_linear)
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = tp_model("float8_e4m3", integer_valued=False)
+    odd_rows = torchmx.MXInferenceLinear.from_float(nn.Linear(64, 9), model[0].qconfig)
+    cut_blocks = torchmx.MXInferenceLinear.from_float(nn.Linear(96, 8), model[0].qconfig)
+    calls = {
+        "model": lambda: enable_mx_all_gather(torch.ones(2)),
+        "config": lambda: MXAllGatherWeight(torch.ones(2, 32), "mxfp8"),
+        "plan": lambda: parallelize_mx_inference_linear(model, mesh, ["0"]),
+        "plan name": lambda: parallelize_mx_inference_linear(model, mesh, {"1": "colwise"}),
+        "layer": lambda: MXParallelInferenceLinear.from_layer(nn.Linear(4, 4), mesh, "colwise"),
+        "mesh": lambda: MXParallelInferenceLinear.from_layer(model[0], None, "colwise"),
+        "style": lambda: MXParallelInferenceLinear.from_layer(model[0], mesh, "diagonal"),
+        "rows": lambda: MXParallelInferenceLinear.from_layer(odd_rows, mesh, "colwise"),
+        "blocks": lambda: MXParallelInferenceLinear.from_layer(cut_blocks, mesh, "rowwise"),
+    }
+    errors = {}
+    for name, call in calls.items():
+        try:
+            call()
+            errors[name] = None
+        except Exception as e:  # noqa: BLE001 - the test checks the type and message
+            errors[name] = (type(e).__name__, str(e))
+    return errors

@@ -166,3 +166,20 @@ def test_docs_tensor_parallel_mlp(ranks):
     _, results = ranks
     outputs = [r["docs"]["mlp_output"] for r in results]
     assert outputs[0].shape == (3, 1024) and torch.equal(outputs[0], outputs[1])
+
+
+@pytest.mark.parametrize("name, error, message", [
+    ("model", "TypeError", "model must be a torch.nn.Module"),
+    ("config", "TypeError", "config must be a torchmx.MXConfig"),
+    ("plan", "TypeError", "plan must be a non-empty dict"),
+    ("plan name", "ValueError", "plan names '1', which is not an MXInferenceLinear"),
+    ("layer", "TypeError", "layer must be an MXInferenceLinear"),
+    ("mesh", "TypeError", "mesh must be a 1-d DeviceMesh"),
+    ("style", "ValueError", "style must be one of ('colwise', 'rowwise')"),
+    ("rows", "ValueError", "out_features divisible by the mesh size 2"),
+    ("blocks", "ValueError", "in_features a multiple of 2 * lcm(32, 1) such as 64"),
+])
+def test_argument_errors(ranks, name, error, message):
+    _, results = ranks
+    got = results[0]["errors"][name]
+    assert got is not None and got[0] == error and message in got[1], got

@@ -14,6 +14,7 @@ replicated bias row-wise), so `torch.distributed.checkpoint` saves it on N ranks
 on M, into a sharded or a plain model.
 """
 
+import math
 from typing import Dict
 
 import torch
@@ -68,13 +69,13 @@ class MXParallelInferenceLinear(MXInferenceLinear):
             out_features = rows
         else:
             cols = in_features // ranks
-            group = block * fmt.codes_per_group
-            if in_features % ranks or cols % block or cols % fmt.codes_per_group:
+            whole = math.lcm(block, fmt.codes_per_group)  # whole blocks and packing groups
+            if in_features % ranks or cols % whole:
                 raise ValueError(
                     f"{layer._describe()}: row-wise sharding needs in_features divisible by the "
                     f"mesh size {ranks} into whole blocks of {block} (and whole packing groups "
                     f"of {fmt.codes_per_group} codes for {fmt.name}): in_features a multiple "
-                    f"of {ranks} * lcm({block}, {fmt.codes_per_group}) such as {ranks * group}")
+                    f"of {ranks} * lcm({block}, {fmt.codes_per_group}) such as {ranks * whole}")
             nbytes = packed_length(cols, fmt)
             data = layer.weight_data.narrow(1, rank * nbytes, nbytes)
             scale = layer.weight_scale.narrow(1, rank * (cols // block), cols // block)
