@@ -19,7 +19,8 @@
    (forward and backward; all parameters, and the MX layers' weights alone) and the median
    step time, each as a ratio to bf16 (issue 48's targets: bytes <= 0.55x for MXFP8 and
    <= 0.30x for MXFP4; step time <= 1.10x). The hp-gather and MX-gather runs quantize the same
-   bf16 weights: their losses must agree bit for bit, and the script says whether they do.
+   bf16 weights: their first-step losses must agree bit for bit, and the script says whether
+   they do (later steps may not: the timed runs allow nondeterministic kernels).
    The embedding and lm_head stay in bf16 (not quantized) in every run.
 
 NVLink multicast (NVLS) is left off (NCCL_NVLS_ENABLE=0 unless set).
@@ -280,7 +281,7 @@ def main():
     for recipe in RECIPES:
         results[recipe] = time_recipe(recipe, size, device, rank, world, args.steps, counter)
     params = sum(p.numel() for p in llama(size, "meta").parameters())
-    say(f"\n{size} Llama-style model ({params / 1e6:,.0f}M parameters), sequence "
+    say(f"\n{size} Llama-style model ({params / 1e6:,.1f}M parameters), sequence "
         f"{SIZES[size][5]}, one sequence per rank, {args.steps} timed steps")
     base = results["bf16"]
     say(f"{'recipe':20} {'gathered/step MB':>17} {'x bf16':>7} {'linear weights MB':>18} "
@@ -295,9 +296,10 @@ def main():
     if not base["step_bytes"]:
         say("(FSDP2's all-gather was not counted: this torch calls neither dist.all_gather_single "
             "nor dist.all_gather_into_tensor through the module)")
-    same_losses = torch.equal(results["mxfp8"]["losses"], results["mxfp8 (hp gather)"]["losses"])
-    say(f"check: mxfp8 losses with MX gather equal to hp gather, every step: "
-        f"{'yes' if same_losses else 'NO'}")
+    mx, hp = results["mxfp8"]["losses"], results["mxfp8 (hp gather)"]["losses"]
+    say(f"check: mxfp8 first-step loss with MX gather equal to hp gather (the same quantized "
+        f"bf16 weights): {'yes' if torch.equal(mx[0], hp[0]) else 'NO'}; later steps differ by "
+        f"up to {(mx - hp).abs().max().item():.3g} (nondeterministic kernels allowed here)")
     dist.destroy_process_group()
 
 

@@ -65,8 +65,12 @@ class MXAllGatherWeight(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        config = next(t.config for t in _tensors(args, kwargs) if isinstance(t, cls))
-        inputs = {id(t.hp): t for t in _tensors(args, kwargs) if isinstance(t, cls)}
+        wrappers = [t for t in _tensors(args, kwargs) if isinstance(t, cls)]
+        config = wrappers[0].config
+        inputs = {id(t.hp): t for t in wrappers}
+        if func._schema.is_mutable:  # a write (optimizer step, load): quantize anew
+            for t in wrappers:
+                t._gathered = None
         args, kwargs = tree_map_only(cls, lambda t: t.hp, (args, kwargs or {}))
         out = func(*args, **kwargs)
 
@@ -102,9 +106,15 @@ class MXAllGatherWeight(torch.Tensor):
         if rows % mesh.size() != 0:
             padded = -(-rows // mesh.size())
             return (torch.nn.functional.pad(hp, (0, 0, 0, padded - hp.shape[0])),), None
-        scale, data = self.config.quantize(hp, -1)
-        buffer = torch.cat([data.view(torch.uint8), scale], dim=1)
-        return (buffer,), (data.shape[1], hp.dtype)
+        # The backward re-gathers what the forward gathered: quantized once between writes
+        # (every write to the weight goes through __torch_dispatch__, which drops this).
+        cached = getattr(self, "_gathered", None)
+        if cached is None or cached[0] != hp.dtype:
+            scale, data = self.config.quantize(hp, -1)
+            cached = self._gathered = (hp.dtype, torch.cat([data.view(torch.uint8), scale], 1),
+                                       data.shape[1])
+        _, buffer, data_bytes = cached
+        return (buffer,), (data_bytes, hp.dtype)
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *,
                              out: Optional[torch.Tensor] = None):
