@@ -172,6 +172,18 @@ def tensor_parallel(rank, out):
                     "pair": pair(x)}
             if fmt == "float4_e2m1" and integer_valued:
                 dcp.save({"model": pair.state_dict()}, checkpoint_id=os.path.join(out, "tp"))
+                # loads back into a parallel model (other weights before): from the DCP
+                # checkpoint, and from a whole (one-process) state dict
+                reloaded, whole = (parallelize_mx_inference_linear(
+                    tp_model(fmt, False), mesh, {"0": "colwise", "2": "rowwise"},
+                    input_is_sharded=True) for _ in range(2))
+                state = {"model": reloaded.state_dict()}
+                dcp.load(state, checkpoint_id=os.path.join(out, "tp"))
+                reloaded.load_state_dict(state["model"])
+                whole.load_state_dict(tp_model(fmt, True).state_dict())
+                with torch.no_grad():
+                    outputs["reloaded"] = {"dcp": reloaded(x), "whole": whole(x),
+                                           "saved": outputs[fmt, integer_valued]["pair"]}
     return outputs
 
 

@@ -141,6 +141,14 @@ def test_tensor_parallel_outputs(ranks, fmt):
                 torch.testing.assert_close(got["pair"], pair, rtol=1e-5, atol=1e-5)
 
 
+def test_tensor_parallel_loads_its_checkpoint_and_a_whole_state_dict(ranks):
+    _, results = ranks
+    for result in results:
+        got = result["tp"]["reloaded"]
+        assert_equal_bits(got["dcp"], got["saved"])
+        assert_equal_bits(got["whole"], got["saved"])
+
+
 def test_tensor_parallel_checkpoint_on_2_ranks_loads_on_1(ranks):
     import torch.distributed.checkpoint as dcp
 
