@@ -31,6 +31,8 @@ from ..numerics.packing import packed_length
 __all__ = ["MXParallelInferenceLinear", "parallelize_mx_inference_linear"]
 
 STYLES = ("colwise", "rowwise")
+# all_gather_single is the newer name (torch 2.13 deprecates all_gather_tensor)
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 _WEIGHT_BUFFERS = ("weight_data", "weight_scale")
 
 
@@ -91,7 +93,6 @@ class MXParallelInferenceLinear(MXInferenceLinear):
         new._weight_dtype = layer.weight_dtype
         new.mesh, new.style = mesh, style
         new.gather_output, new.input_is_sharded = gather_output, input_is_sharded
-        new.full_features = (layer.out_features, layer.in_features)
         new.register_state_dict_post_hook(_as_dtensors)
         new.register_load_state_dict_pre_hook(_to_local)
         new.train(layer.training)
@@ -107,7 +108,7 @@ class MXParallelInferenceLinear(MXInferenceLinear):
         if self.style == "colwise":
             y = super().forward(x)
             if self.gather_output:
-                y = funcol.all_gather_single(y.contiguous(), y.dim() - 1, self.mesh)
+                y = _all_gather(y.contiguous(), y.dim() - 1, self.mesh)
             return y
         if not self.input_is_sharded:
             rank = self.mesh.get_local_rank()
