@@ -1,7 +1,8 @@
 """FSDP2 QAT with MX weights on 2 ranks: correctness first, then bytes all-gathered and step time.
 
-    PYTHONPATH=. torchrun --nproc_per_node 2 benchmarks/bench_distributed.py               # 2 GPUs, NCCL
-    PYTHONPATH=. torchrun --nproc_per_node 2 benchmarks/bench_distributed.py --device cpu  # gloo, tiny model
+    PYTHONPATH=. torchrun --nproc_per_node 2 benchmarks/bench_distributed.py   # 2 GPUs, NCCL
+    PYTHONPATH=. torchrun --nproc_per_node 2 benchmarks/bench_distributed.py --device cpu
+                                                             # gloo, a tiny model
 
 1. Checks (a small Llama-style model, fp32 parameters, deterministic algorithms, eager
    attention): after `fully_shard`, every MXLinear weight unsharded by FSDP2 is an MXTensor
@@ -290,7 +291,8 @@ def main():
         return f"{a / b:7.3f}" if b else f"{'n/a':>7}"
 
     for recipe, r in results.items():
-        say(f"{recipe:20} {r['step_bytes'] / 1e6:17.1f} {ratio(r['step_bytes'], base['step_bytes'])} "
+        say(f"{recipe:20} {r['step_bytes'] / 1e6:17.1f} "
+            f"{ratio(r['step_bytes'], base['step_bytes'])} "
             f"{r['layer_bytes'] / 1e6:18.1f} {ratio(r['layer_bytes'], base['layer_bytes'])} "
             f"{r['step_s'] * 1e3:9.1f} {ratio(r['step_s'], base['step_s'])}")
     if not base["step_bytes"]:
