@@ -89,6 +89,7 @@ def run_rank(rank: int, out: str, port: int) -> None:
     try:
         results = {"fsdp": {fmt: fsdp_qat(rank, fmt, out) for fmt in QAT_FORMATS},
                    "ddp": ddp_qat(rank), "tp": tensor_parallel(rank, out),
+                   "fsdp_inference": fsdp_inference(out),
                    "docs": docs_snippets(out), "errors": argument_errors()}
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     finally:
@@ -185,6 +186,39 @@ def tensor_parallel(rank, out):
                     outputs["reloaded"] = {"dcp": reloaded(x), "whole": whole(x),
                                            "saved": outputs[fmt, integer_valued]["pair"]}
     return outputs
+
+
+def inference_model(fmt: str) -> nn.Module:
+    """Two MXInferenceLinear layers; the second's 10 rows shard unevenly over 2 ranks."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    activations = MXConfig("float8_e4m3") if fmt == "float8_e4m3" else None
+    torchmx.quantize_linear_(model, QLinearConfig(weights_config=MXConfig(fmt),
+                                                  activations_config=activations), progress=False)
+    return model
+
+
+def fsdp_inference(out):
+    """FSDP2-sharded packed weights: each rank's bytes, the outputs, a DCP checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import fully_shard
+
+    from torchmx.distributed import prepare_fsdp_inference_
+
+    results = {}
+    for fmt in ("float8_e4m3", "float4_e2m1"):
+        model = inference_model(fmt)
+        prepare_fsdp_inference_(model)
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        with torch.no_grad():
+            y = model(tp_input(False))
+        local = [tuple(m.weight_packed.to_local().shape) for m in (model[0], model[2])]
+        dcp.save({"model": model.state_dict()},
+                 checkpoint_id=os.path.join(out, f"fsdp-inference-{fmt}"))
+        results[fmt] = {"output": y, "local_shapes": local}
+    return results
 
 
 def docs_snippets(out):

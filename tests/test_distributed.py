@@ -141,6 +141,33 @@ def test_tensor_parallel_outputs(ranks, fmt):
                 torch.testing.assert_close(got["pair"], pair, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1"])
+def test_fsdp2_sharded_inference(ranks, fmt):
+    import torch.distributed.checkpoint as dcp
+
+    out, results = ranks
+    model = w.inference_model(fmt)
+    with torch.no_grad():
+        expected = model(w.tp_input(False))
+    codes = {"float8_e4m3": 64, "float4_e2m1": 32}[fmt]
+    for rank, result in enumerate(results):
+        got = result["fsdp_inference"][fmt]
+        assert_equal_bits(got["output"], expected)
+        # each rank holds its rows' codes and scales (rows 5 + 5 of 10)
+        assert got["local_shapes"] == [(64, codes + 2), (5, codes * 2 + 4)]
+    # saved on 2 ranks, loaded into the plain model (other weights before)
+    plain = w.inference_model(fmt)
+    with torch.no_grad():
+        for buffer in plain.buffers():
+            buffer.zero_()
+    state = {"model": plain.state_dict()}
+    dcp.load(state, checkpoint_id=os.path.join(out, f"fsdp-inference-{fmt}"))
+    plain.load_state_dict(state["model"])
+    for name, tensor in model.state_dict().items():
+        if isinstance(tensor, torch.Tensor):
+            assert torch.equal(plain.state_dict()[name], tensor), name
+
+
 def test_tensor_parallel_loads_its_checkpoint_and_a_whole_state_dict(ranks):
     _, results = ranks
     for result in results:

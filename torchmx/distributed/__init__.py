@@ -2,6 +2,8 @@
 
 - FSDP2 (`fully_shard`) QAT: `enable_mx_all_gather(model)` before `fully_shard` makes every
   MXLinear's weight all-gather as MX bytes (`MXAllGatherWeight`) instead of high precision.
+- FSDP2 for MXInferenceLinear: `prepare_fsdp_inference_(model)` before `fully_shard` keeps
+  each packed weight in one uint8 Parameter that FSDP2 shards by rows and gathers as bytes.
 - Tensor parallel for MXInferenceLinear: `parallelize_mx_inference_linear` shards the packed
   weight column-wise or row-wise as DTensors (scales with their data, K-blocks whole).
 - `torch.distributed.checkpoint` saves and loads both kinds of sharded models (N ranks to M).
@@ -15,9 +17,11 @@ from torch import nn
 
 from ..nn.mx_linear import MXLinear
 from .all_gather_weight import MXAllGatherWeight, plain_state_dict
+from .fsdp_inference import MXShardedInferenceLinear, prepare_fsdp_inference_
 from .tensor_parallel import MXParallelInferenceLinear, parallelize_mx_inference_linear
 
-__all__ = ["MXAllGatherWeight", "enable_mx_all_gather", "MXParallelInferenceLinear",
+__all__ = ["MXAllGatherWeight", "enable_mx_all_gather", "MXShardedInferenceLinear",
+           "prepare_fsdp_inference_", "MXParallelInferenceLinear",
            "parallelize_mx_inference_linear"]
 
 
