@@ -14,12 +14,15 @@
 
 import os
 import socket
+import time
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 import distributed_worker as w
+
+RANKS_TIMEOUT_S = 300  # a hung collective fails the tests instead of stalling the suite
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch.distributed is not built")
@@ -37,7 +40,14 @@ def ranks(tmp_path_factory):
     transformers' Llama too, which docs/distributed.md's script uses)."""
     import transformers.models.llama.modeling_llama  # noqa: F401
     out = str(tmp_path_factory.mktemp("distributed"))
-    mp.start_processes(w.run_rank, args=(out, _free_port()), nprocs=w.WORLD, start_method="fork")
+    ranks = mp.start_processes(w.run_rank, args=(out, _free_port()), nprocs=w.WORLD,
+                               join=False, start_method="fork")
+    deadline = time.monotonic() + RANKS_TIMEOUT_S
+    while not ranks.join(timeout=1):  # raises what a rank raised
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"the {w.WORLD} ranks did not finish in {RANKS_TIMEOUT_S} s")
     results = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False)
                for r in range(w.WORLD)]
     return out, results
