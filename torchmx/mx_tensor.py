@@ -397,5 +397,5 @@ def _from_mx(tensor, dtype):
     return _from_mx_function(tensor, dtype)
 
 
-from .mx_ops import fallback, matmul, storage, views  # noqa: E402,F401  (registers the table)
+from .mx_ops import fallback, matmul, sharding, storage, views  # noqa: E402,F401  (registers the table)
 from .mx_ops.fallback import allow_dequantize_fallback  # noqa: E402

@@ -5,6 +5,7 @@
 - `storage`: detach/clone/`.to`/pin_memory/copy_/`*_like` (exact by construction).
 - `views`: view/reshape/permute/expand/slice/select/split/cat/stack, moving scale bytes and
   packed codes without requantizing.
+- `sharding`: `as_strided` onto an MXTensor's own geometry (FSDP2's unsharded parameters).
 - `matmul`: the custom op `torch.ops.torchmx.mx_matmul` (exact product of the dequantized
   operands, fp32 accumulation, one rounding) and every matmul routed to it.
 - `strict`: the reduction-dim layout warning (`MXLayoutWarning`) and its strict switch.

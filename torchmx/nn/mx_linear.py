@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import QLinearConfig
+from ..mx_tensor import MXTensor
 from ..numerics import arguments as args
 from . import arguments
 from .functional import fake_quantize
@@ -37,12 +38,14 @@ class _MXLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, qconfig):
         x_q = fake_quantize(x, qconfig.activations_config, -1)
-        w_q = fake_quantize(weight, qconfig.weights_config, -1)
+        w_q = _quantized_weight(weight, qconfig)
         grad = qconfig.grad_config
         # Backward requantizes the high-precision operand when its role has a config, else it
         # reuses the forward's quantized operand (straight-through).
         x_saved = x if grad is not None and grad.wgrad_input_config is not None else x_q
         w_saved = weight if grad is not None and grad.dgrad_weight_config is not None else w_q
+        if isinstance(weight, MXTensor):  # FSDP2 frees and re-gathers it: keep no copy
+            w_saved = weight
         ctx.save_for_backward(x_saved, w_saved)
         ctx.grad_config = grad
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
@@ -51,6 +54,8 @@ class _MXLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         x, weight = ctx.saved_tensors
+        if isinstance(weight, MXTensor):
+            weight = weight.dequantize()
         x_dtype, weight_dtype, bias_dtype = ctx.dtypes
         cfg = ctx.grad_config
         g = grad_output.reshape(-1, grad_output.shape[-1])  # (tokens M, out_features N)
@@ -68,6 +73,14 @@ class _MXLinearFunction(torch.autograd.Function):
         if bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = g.sum(0).to(bias_dtype)
         return grad_x, grad_w, grad_b, None
+
+
+def _quantized_weight(weight, qconfig):
+    """The weight's MX values in its dtype. An MXTensor weight is the one FSDP2 all-gathered in
+    MX bytes (torchmx.distributed.MXAllGatherWeight), already quantized per weights_config."""
+    if isinstance(weight, MXTensor):
+        return weight.dequantize()
+    return fake_quantize(weight, qconfig.weights_config, -1)
 
 
 def _product(x_q, w_q, bias):

@@ -1,0 +1,115 @@
+"""MXAllGatherWeight in one process: its FSDP2 hooks called directly (the shards' buffers
+concatenated as an all-gather would), for every format, and the wrapped weight in MXLinear.
+The 2-rank runs are in tests/test_distributed.py."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from formats import FORMAT_IDS, FORMATS, wide_range_input
+from torchmx import MXLinear, MXTensor
+from torchmx.config import MXConfig, QLinearConfig
+from torchmx.distributed import MXAllGatherWeight, enable_mx_all_gather
+
+
+class Mesh:
+    def __init__(self, size):
+        self._size = size
+
+    def size(self):
+        return self._size
+
+
+def gather(weight, config, ranks, param_dtype=None):
+    """The hooks' round trip: each rank's rows through fsdp_pre_all_gather, the buffers
+    concatenated along dim 0, rank 0's fsdp_post_all_gather."""
+    shards = [MXAllGatherWeight(s, config) for s in weight.chunk(ranks, dim=0)]
+    policy = SimpleNamespace(param_dtype=param_dtype)
+    inputs = [s.fsdp_pre_all_gather(Mesh(ranks), weight.shape, weight.stride(), None, policy)
+              for s in shards]
+    buffers = torch.cat([i[0][0] for i in inputs])
+    return shards[0], buffers, inputs[0][1]
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_gathered_weight_is_the_whole_weight_quantized(fmt):
+    config = MXConfig(fmt.name, 32)
+    weight = wide_range_input((8, 96), torch.float32, seed=3)
+    shard, buffer, metadata = gather(weight, config, ranks=2)
+    gathered, inner = shard.fsdp_post_all_gather((buffer,), metadata, torch.float32)
+    scale, data = config.quantize(weight, -1)
+    assert isinstance(gathered, MXTensor) and gathered.shape == weight.shape
+    assert torch.equal(gathered._scale_e8m0, scale) and torch.equal(gathered._data, data)
+    # FSDP2 frees the inner tensors after use and writes the next gather into them (out=)
+    for t in inner:
+        t.zero_()
+    assert shard.fsdp_post_all_gather((buffer,), metadata, torch.float32, out=gathered) is None
+    assert torch.equal(gathered._scale_e8m0, scale) and torch.equal(gathered._data, data)
+
+
+def test_mixed_precision_quantizes_the_cast_weight():
+    config = MXConfig("float4_e2m1")
+    weight = torch.randn(4, 64)
+    shard, buffer, metadata = gather(weight, config, ranks=2, param_dtype=torch.bfloat16)
+    gathered, _ = shard.fsdp_post_all_gather((buffer,), metadata, torch.bfloat16)
+    scale, data = config.quantize(weight.bfloat16(), -1)
+    assert gathered.dtype == torch.bfloat16
+    assert torch.equal(gathered._scale_e8m0, scale) and torch.equal(gathered._data, data)
+
+
+def test_uneven_rows_gather_padded_high_precision():
+    weight = torch.randn(7, 64)  # 2 ranks: 4 + 3 rows, padded to 4 + 4
+    shards = [MXAllGatherWeight(s, MXConfig("float8_e4m3")) for s in weight.chunk(2)]
+    (last,), metadata = shards[1].fsdp_pre_all_gather(Mesh(2), weight.shape, weight.stride(),
+                                                      None, None)
+    assert metadata is None and last.shape == (4, 64) and torch.equal(last[:3], weight[4:])
+    assert bool((last[3] == 0).all())
+    out, inner = shards[0].fsdp_post_all_gather((torch.cat([weight[:4], last]),), None,
+                                                torch.float32)
+    assert type(out) is torch.Tensor and inner == () and torch.equal(out[:7], weight)
+
+
+def test_a_write_requantizes():
+    shard = MXAllGatherWeight(torch.randn(4, 64), MXConfig("float8_e4m3"))
+    first = shard.fsdp_pre_all_gather(Mesh(1), shard.shape, shard.stride(), None, None)[0][0]
+    again = shard.fsdp_pre_all_gather(Mesh(1), shard.shape, shard.stride(), None, None)[0][0]
+    assert again is first  # the backward's re-gather reuses the forward's bytes
+    shard.add_(1.0)
+    updated = shard.fsdp_pre_all_gather(Mesh(1), shard.shape, shard.stride(), None, None)[0][0]
+    scale, data = MXConfig("float8_e4m3").quantize(shard.hp, -1)
+    assert torch.equal(updated, torch.cat([data, scale], 1))
+
+
+def test_wrapped_mxlinear_trains_like_the_plain_one():
+    config = QLinearConfig(weights_config=MXConfig("float4_e2m1"),
+                           activations_config=MXConfig("float8_e4m3"))
+    torch.manual_seed(0)
+    plain = MXLinear(64, 32, qconfig=config)
+    wrapped = MXLinear(64, 32, qconfig=config)
+    wrapped.load_state_dict(plain.state_dict())
+    assert enable_mx_all_gather(torch.nn.Sequential(wrapped)) == ["0"]
+    assert isinstance(wrapped.weight, MXAllGatherWeight)
+    state = wrapped.state_dict()
+    assert type(state["weight"]) is torch.Tensor and torch.equal(state["weight"], plain.weight)
+    x = torch.randn(5, 64)
+    for layer in (plain, wrapped):
+        opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+        layer(x).square().sum().backward()
+        opt.step()
+    assert torch.equal(wrapped.weight.hp, plain.weight.detach())
+    assert torch.equal(wrapped(x), plain(x))
+
+
+def test_layers_whose_backward_needs_the_weight_are_left_out():
+    config = QLinearConfig(weights_config=MXConfig("float8_e4m3"),
+                           grad_config=MXConfig("float8_e4m3"))
+    model = torch.nn.Sequential(MXLinear(32, 32, qconfig=config))
+    assert enable_mx_all_gather(model) == [] and type(model[0].weight) is torch.nn.Parameter
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="config must be a torchmx.MXConfig"):
+        MXAllGatherWeight(torch.ones(2, 32), "mxfp8")
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        enable_mx_all_gather(torch.ones(2))

@@ -1,0 +1,230 @@
+"""torchmx under torch.distributed on CPU: 2 processes over gloo, spawned once for the module
+(tests/distributed_worker.py), each test checking what they saw against one process.
+
+- FSDP2 QAT with MX all-gather: losses and parameters bit-identical to one process on the same
+  global batch (as two micro-batches, so the fp32 sums run in the same order); the gathered
+  weight is an MXTensor sent as one uint8 buffer per row (codes + scales).
+- DDP QAT: the same.
+- distributed checkpoint: the FSDP2 run saved on 2 ranks resumes on 1, bit-identically; a
+  tensor-parallel model saved on 2 ranks loads into a plain one.
+- tensor parallel MXInferenceLinear: column-wise outputs bit-identical, row-wise (and a
+  column-wise/row-wise pair) bit-identical where the sums are exact, else within fp32 rounding.
+- docs/distributed.md's QAT script (trains, saves, resumes) and tensor-parallel MLP run.
+"""
+
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import distributed_worker as w
+
+RANKS_TIMEOUT_S = 300  # a hung collective fails the tests instead of stalling the suite
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
+                                reason="torch.distributed is not built")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Both ranks' results (forked: the ranks inherit the modules the test process imported,
+    transformers' Llama too, which docs/distributed.md's script uses)."""
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    out = str(tmp_path_factory.mktemp("distributed"))
+    ranks = mp.start_processes(w.run_rank, args=(out, _free_port()), nprocs=w.WORLD,
+                               join=False, start_method="fork")
+    deadline = time.monotonic() + RANKS_TIMEOUT_S
+    while not ranks.join(timeout=1):  # raises what a rank raised
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"the {w.WORLD} ranks did not finish in {RANKS_TIMEOUT_S} s")
+    results = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False)
+               for r in range(w.WORLD)]
+    return out, results
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The references run with the ranks' one intra-op thread: a CPU GEMM may order its sums
+    by its thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def assert_equal_bits(actual, expected):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert torch.equal(actual.view(torch.int32), expected.view(torch.int32))
+
+
+def reference_run(fmt, steps=w.STEPS):
+    model = w.qat_model(fmt)
+    opt = w.optimizer(model.parameters())
+    losses = [w.reference_step(model, opt, step) for step in range(steps)]
+    return model, losses
+
+
+@pytest.mark.parametrize("fmt", w.QAT_FORMATS)
+def test_fsdp2_qat_matches_one_process(ranks, fmt):
+    _, results = ranks
+    model, losses = reference_run(fmt)
+    for rank, result in enumerate(results):
+        got = result["fsdp"][fmt]
+        assert got["wrapped"] == ["0", "2"]
+        for step in range(w.STEPS):
+            assert_equal_bits(got["losses"][step], losses[step][rank])
+        for name, p in model.named_parameters():
+            assert_equal_bits(got["params"][name], p.detach())
+
+
+@pytest.mark.parametrize("fmt", w.QAT_FORMATS)
+def test_fsdp2_gathers_mx_bytes_where_rows_shard_evenly(ranks, fmt):
+    _, results = ranks
+    got = results[0]["fsdp"][fmt]
+    # 128 rows: 64 per rank, each its packed codes and its 2 scale bytes (64 features);
+    # 9 rows: uneven, gathered in high precision (5 padded rows per rank)
+    codes = {"float8_e4m3": 64, "float4_e2m1": 32}[fmt]
+    assert got["gathered_shapes"] == [torch.Size([64, codes + 2]), torch.Size([5, 128])]
+    assert got["forward_weights"][:2] == ["MXTensor", "Parameter"]
+    assert len(got["forward_weights"]) == 2 * w.STEPS
+
+
+def test_ddp_qat_matches_one_process(ranks):
+    _, results = ranks
+    model, losses = reference_run("float8_e4m3")
+    for rank, result in enumerate(results):
+        for step in range(w.STEPS):
+            assert_equal_bits(result["ddp"]["losses"][step], losses[step][rank])
+        for name, p in model.named_parameters():
+            assert_equal_bits(result["ddp"]["params"][name], p.detach())
+
+
+@pytest.mark.parametrize("fmt", w.QAT_FORMATS)
+def test_fsdp2_checkpoint_on_2_ranks_resumes_on_1(ranks, fmt):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    out, results = ranks
+    model = w.qat_model(fmt)
+    opt = w.optimizer(model.parameters())
+    w.reference_step(model, opt, 0)  # creates the optimizer state that the load fills in
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=os.path.join(out, f"qat-{fmt}"))
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for step in range(w.SAVE_AFTER, w.STEPS):
+        losses = w.reference_step(model, opt, step)
+        for rank in range(w.WORLD):
+            assert_equal_bits(losses[rank], results[rank]["fsdp"][fmt]["losses"][step])
+    for name, p in model.named_parameters():
+        assert_equal_bits(p.detach(), results[0]["fsdp"][fmt]["params"][name])
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1"])
+def test_tensor_parallel_outputs(ranks, fmt):
+    _, results = ranks
+    for integer_valued in (False, True):
+        model = w.tp_model(fmt, integer_valued)
+        x = w.tp_input(integer_valued)
+        with torch.no_grad():
+            column, pair = model[0](x), model(x)
+            row = model[2](w.tp_input(integer_valued, 128))
+        for result in results:
+            got = result["tp"][fmt, integer_valued]
+            assert_equal_bits(got["colwise"], column)
+            if integer_valued:  # exact sums: any order gives these bits
+                assert_equal_bits(got["rowwise"], row)
+                assert_equal_bits(got["pair"], pair)
+            else:  # the same exact products, fp32 sums in another order
+                torch.testing.assert_close(got["rowwise"], row, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(got["pair"], pair, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1"])
+def test_fsdp2_sharded_inference(ranks, fmt):
+    import torch.distributed.checkpoint as dcp
+
+    out, results = ranks
+    model = w.inference_model(fmt)
+    with torch.no_grad():
+        expected = model(w.tp_input(False))
+    codes = {"float8_e4m3": 64, "float4_e2m1": 32}[fmt]
+    for rank, result in enumerate(results):
+        got = result["fsdp_inference"][fmt]
+        assert_equal_bits(got["output"], expected)
+        # each rank holds its rows' codes and scales (rows 5 + 5 of 10)
+        assert got["local_shapes"] == [(64, codes + 2), (5, codes * 2 + 4)]
+    # saved on 2 ranks, loaded into the plain model (other weights before)
+    plain = w.inference_model(fmt)
+    with torch.no_grad():
+        for buffer in plain.buffers():
+            buffer.zero_()
+    state = {"model": plain.state_dict()}
+    dcp.load(state, checkpoint_id=os.path.join(out, f"fsdp-inference-{fmt}"))
+    plain.load_state_dict(state["model"])
+    for name, tensor in model.state_dict().items():
+        if isinstance(tensor, torch.Tensor):
+            assert torch.equal(plain.state_dict()[name], tensor), name
+
+
+def test_tensor_parallel_loads_its_checkpoint_and_a_whole_state_dict(ranks):
+    _, results = ranks
+    for result in results:
+        got = result["tp"]["reloaded"]
+        assert_equal_bits(got["dcp"], got["saved"])
+        assert_equal_bits(got["whole"], got["saved"])
+
+
+def test_tensor_parallel_checkpoint_on_2_ranks_loads_on_1(ranks):
+    import torch.distributed.checkpoint as dcp
+
+    out, _ = ranks
+    expected = w.tp_model("float4_e2m1", integer_valued=True)
+    model = w.tp_model("float4_e2m1", integer_valued=False)  # other weights, overwritten
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=os.path.join(out, "tp"))
+    model.load_state_dict(state["model"])
+    for name, tensor in expected.state_dict().items():
+        if isinstance(tensor, torch.Tensor):
+            assert torch.equal(model.state_dict()[name], tensor), name
+
+
+def test_docs_script_trains_saves_and_resumes(ranks):
+    _, results = ranks
+    printed = results[0]["docs"]["printed"].splitlines()
+    assert [line.split(":")[0] for line in printed] == ["step 0", "step 1", "step 2"]
+    assert results[1]["docs"]["printed"] == ""  # rank 0 prints
+
+
+def test_docs_tensor_parallel_mlp(ranks):
+    _, results = ranks
+    outputs = [r["docs"]["mlp_output"] for r in results]
+    assert outputs[0].shape == (3, 1024) and torch.equal(outputs[0], outputs[1])
+
+
+@pytest.mark.parametrize("name, error, message", [
+    ("model", "TypeError", "model must be a torch.nn.Module"),
+    ("config", "TypeError", "config must be a torchmx.MXConfig"),
+    ("plan", "TypeError", "plan must be a non-empty dict"),
+    ("plan name", "ValueError", "plan names '1', which is not an MXInferenceLinear"),
+    ("layer", "TypeError", "layer must be an MXInferenceLinear"),
+    ("mesh", "TypeError", "mesh must be a 1-d DeviceMesh"),
+    ("style", "ValueError", "style must be one of ('colwise', 'rowwise')"),
+    ("rows", "ValueError", "out_features divisible by the mesh size 2"),
+    ("blocks", "ValueError", "in_features a multiple of 2 * lcm(32, 1) such as 64"),
+])
+def test_argument_errors(ranks, name, error, message):
+    _, results = ranks
+    got = results[0]["errors"][name]
+    assert got is not None and got[0] == error and message in got[1], got

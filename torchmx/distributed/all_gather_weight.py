@@ -1,0 +1,168 @@
+"""MXAllGatherWeight: a high-precision master weight that FSDP2 all-gathers as MX bytes.
+
+FSDP2 (`torch.distributed.fsdp.fully_shard`) shards a parameter along dim 0 and, before each
+forward, all-gathers the shards. When the local shard defines `fsdp_pre_all_gather` /
+`fsdp_post_all_gather`, FSDP2 gathers what the first returns and rebuilds the parameter with
+the second. An MXLinear weight wrapped in MXAllGatherWeight quantizes its shard of rows
+(blocks along in_features, so no block straddles two shards) and sends codes and scales in
+one uint8 buffer per row; the gathered parameter is an MXTensor, bit-identical to quantizing
+the full weight with the layer's `weights_config`, and MXLinear's forward uses it as its
+quantized weight. The gradient stays in high precision, so the reduce-scatter does too.
+
+Everything else (the optimizer step, state dicts, `.to()`) sees the high-precision tensor:
+ops run on it and keep the wrapper where FSDP2 needs the local shard to stay one (views,
+slices, copies, `new_zeros`).
+"""
+
+from typing import Optional
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+from .. import dtypes
+from ..config import MXConfig
+from ..mx_tensor import MXTensor
+from ..numerics.packing import packed_length
+
+__all__ = ["MXAllGatherWeight"]
+
+aten = torch.ops.aten
+
+# Ops whose result is still this weight (another view or copy of it): FSDP2 builds the local
+# shard with them (chunk -> split, narrow -> slice, new_zeros, copy_, view, as_strided) and
+# moves or pins it (_to_copy, _pin_memory); nn.Parameter detaches.
+_KEEP_WRAPPER = {
+    aten.detach.default, aten.alias.default, aten.view.default, aten._unsafe_view.default,
+    aten.slice.Tensor, aten.split.Tensor, aten.split_with_sizes.default, aten.as_strided.default,
+    aten.new_zeros.default, aten.new_empty.default, aten.empty_like.default,
+    aten.clone.default, aten._to_copy.default, aten._pin_memory.default,
+}
+
+
+class MXAllGatherWeight(torch.Tensor):
+    """A high-precision tensor (`.hp`) that FSDP2 all-gathers quantized per `config`
+    (an MXConfig; blocks along the last dim)."""
+
+    hp: torch.Tensor
+    config: MXConfig
+
+    @staticmethod
+    def __new__(cls, hp: torch.Tensor, config: MXConfig):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, hp.shape, strides=hp.stride(), storage_offset=hp.storage_offset(),
+            dtype=hp.dtype, device=hp.device, layout=hp.layout, requires_grad=hp.requires_grad)
+
+    def __init__(self, hp: torch.Tensor, config: MXConfig):
+        if not isinstance(config, MXConfig):
+            raise TypeError(f"config must be a torchmx.MXConfig, got {type(config).__name__}")
+        if isinstance(hp, MXAllGatherWeight):
+            hp = hp.hp
+        self.hp = hp
+        self.config = config
+
+    def __repr__(self):
+        return f"MXAllGatherWeight({self.hp}, config={self.config})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        wrappers = [t for t in _tensors(args, kwargs) if isinstance(t, cls)]
+        config = wrappers[0].config
+        inputs = {id(t.hp): t for t in wrappers}
+        if func._schema.is_mutable:  # a write (optimizer step, load): quantize anew
+            for t in wrappers:
+                t._gathered = None
+        args, kwargs = tree_map_only(cls, lambda t: t.hp, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+
+        def rewrap(t):
+            if id(t) in inputs:  # an in-place op returns the tensor it wrote: the wrapper
+                return inputs[id(t)]
+            return cls(t, config) if func in _KEEP_WRAPPER else t
+
+        return tree_map_only(torch.Tensor, rewrap, out)
+
+    # torch.compile traces through the wrapper
+    def __tensor_flatten__(self):
+        return ["hp"], self.config
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, config, outer_size, outer_stride):
+        return MXAllGatherWeight(inner_tensors["hp"], config)
+
+    # ---------------------------------------------------------------- FSDP2 all-gather hooks
+
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        """This rank's rows, quantized: one uint8 buffer [rows, codes bytes + scale bytes].
+
+        Where FSDP2 shards the rows unevenly (out_features not a multiple of the mesh size) it
+        needs every rank's input in the padded shard's shape: then the rows are gathered in
+        high precision (padded with zeros) and quantized after the gather, as without the
+        wrapper."""
+        hp = self.hp
+        param_dtype = getattr(mp_policy, "param_dtype", None)
+        if param_dtype is not None:
+            hp = hp.to(param_dtype)
+        rows = outer_size[0]
+        if rows % mesh.size() != 0:
+            padded = -(-rows // mesh.size())
+            return (torch.nn.functional.pad(hp, (0, 0, 0, padded - hp.shape[0])),), None
+        # The backward re-gathers what the forward gathered: quantized once between writes
+        # (every write to the weight goes through __torch_dispatch__, which drops this).
+        cached = getattr(self, "_gathered", None)
+        if cached is None or cached[0] != hp.dtype:
+            scale, data = self.config.quantize(hp, -1)
+            cached = self._gathered = (hp.dtype, torch.cat([data.view(torch.uint8), scale], 1),
+                                       data.shape[1])
+        _, buffer, data_bytes = cached
+        return (buffer,), (data_bytes, hp.dtype)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *,
+                             out: Optional[torch.Tensor] = None):
+        """The gathered weight: an MXTensor of the full weight (the plain high-precision
+        weight where the rows were sharded unevenly)."""
+        (buffer,) = all_gather_outputs
+        if metadata is None:  # gathered in high precision (uneven rows)
+            return None if out is not None else (buffer, ())
+        data_bytes, dtype = metadata
+        cfg = self.config
+        if out is not None:  # FSDP2 re-allocated the storages of the tensors returned first
+            out._data.view(torch.uint8).copy_(buffer[:, :data_bytes])
+            out._scale_e8m0.copy_(buffer[:, data_bytes:])
+            return None
+        data = buffer[:, :data_bytes].contiguous()
+        scale = buffer[:, data_bytes:].contiguous()
+        if cfg.elem_dtype.kind == "int":
+            data = data.view(torch.int8)
+        weight = MXTensor(scale, data, cfg.elem_dtype_name, cfg.block_size, dtype, block_dim=1,
+                          scale_mode=cfg.scale_mode,
+                          shape=(buffer.shape[0], self.shape[1]))
+        return weight, (data, scale)
+
+
+def plain_state_dict(module, state_dict, prefix, local_metadata) -> None:
+    """A state_dict post-hook: the module's MXAllGatherWeight parameters appear as their
+    high-precision tensors (sharing storage; inside their DTensor under FSDP2), so checkpoints
+    hold plain tensors that any PyTorch program reads."""
+    from torch.distributed.tensor import DTensor
+
+    for name, value in list(state_dict.items()):
+        if not name.startswith(prefix):
+            continue
+        if isinstance(value, DTensor) and isinstance(value._local_tensor, MXAllGatherWeight):
+            state_dict[name] = DTensor.from_local(
+                value._local_tensor.hp, value.device_mesh, value.placements, run_check=False,
+                shape=value.shape, stride=value.stride())
+        elif isinstance(value, MXAllGatherWeight):
+            state_dict[name] = value.hp
+
+
+def _tensors(args, kwargs):
+    found = []
+    tree_map_only(torch.Tensor, found.append, (args, kwargs or {}))
+    return found
+
+
+def gathered_bytes_per_row(in_features: int, config: MXConfig) -> int:
+    """Bytes one weight row takes in the MX all-gather: its packed codes and its scales."""
+    return (packed_length(in_features, dtypes.from_name(config.elem_dtype_name))
+            + -(-in_features // config.block_size))
