@@ -15,6 +15,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from . import dtypes
+from .nn import extra_state
 
 _SCALE, _DATA, _EXTRA = ".weight_scale", ".weight_data", "._extra_state"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -49,11 +50,17 @@ def read_state(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, object], 
         if not isinstance(key, str):
             raise ValueError(f"{path}: not a state_dict "
                              f"(key {key!r} is of type {type(key).__name__}, not str)")
-    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    tensors = {k: v for k, v in state.items()
+               if isinstance(v, torch.Tensor) and not k.endswith(_EXTRA)}
     if not tensors and state and all(isinstance(v, dict) for v in state.values()):
         raise ValueError(f"{path}: holds a dict of dicts ({', '.join(map(repr, list(state)[:4]))}), "
                          "not a state_dict; save model.state_dict() alone")
-    extra = {k: v for k, v in state.items() if k.endswith(_EXTRA)}
+    extra = {}
+    for key in (k for k in state if k.endswith(_EXTRA)):
+        try:  # a tensor of JSON text (torchmx.nn.extra_state) or, in older files, a dict
+            extra[key] = extra_state.decode(state[key])
+        except ValueError as error:
+            raise ValueError(f"{path}: {key}: {error}") from None
     return tensors, extra, "torch"
 
 
