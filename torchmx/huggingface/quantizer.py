@@ -3,7 +3,9 @@
 Before the weights load (the model is on the meta device), every nn.Linear whose packed weight
 (`<name>.weight_data`) is in the checkpoint becomes an MXInferenceLinear with that layer's own
 config (its `_extra_state`), so a saved torchmx model loads as it was saved, mixed configs
-included. While the weights load, each other selected nn.Linear weight (a full-precision
+included; so does every gpt-oss experts module whose weights the checkpoint holds in the
+mxfp4 layout (`...experts.gate_up_proj_blocks`: torchmx.huggingface.gpt_oss). While the
+weights load, each other selected nn.Linear weight (a full-precision
 checkpoint) is quantized as soon as it is read and its layer swapped: one full-precision
 weight at a time, never a second copy of the model.
 """
@@ -20,42 +22,51 @@ from transformers.quantizers.quantizers_utils import should_convert_module
 
 from ..config import QLinearConfig
 from ..nn import MXInferenceLinear, extra_state
+from . import gpt_oss
 from .config import QUANT_METHOD, TorchMXConfig
 
-__all__ = ["TorchMXHfQuantizer", "checkpoint_mx_layers"]
+__all__ = ["TorchMXHfQuantizer", "checkpoint_keys", "checkpoint_mx_layers"]
 
 _DATA, _EXTRA = ".weight_data", "._extra_state"
 
 
-def checkpoint_mx_layers(checkpoint_files: Optional[Iterable[str]]) -> Dict[str, QLinearConfig]:
-    """{layer name: its QLinearConfig} of the MX layers in checkpoint files (safetensors or
-    torch files of a state dict), read from each layer's `_extra_state`; tensors other than
-    those small extra states are not read."""
-    layers = {}
+def checkpoint_keys(checkpoint_files: Optional[Iterable[str]]):
+    """(every tensor name, {name: tensor} of the `_extra_state` entries) of checkpoint files
+    (safetensors, or torch files of a state dict); no other tensor is read."""
+    keys, states = set(), {}
     for path in checkpoint_files or ():
         path = os.fspath(path)
         if path.endswith(".safetensors"):
             from safetensors import safe_open
 
             with safe_open(path, framework="pt") as f:
-                keys = set(f.keys())
-                states = {k: f.get_tensor(k) for k in keys if k.endswith(_EXTRA)}
+                names = set(f.keys())
+                states.update({k: f.get_tensor(k) for k in names if k.endswith(_EXTRA)})
         else:
             state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-            keys, states = set(state), {k: v for k, v in state.items() if k.endswith(_EXTRA)}
-        for key in keys:
-            if not key.endswith(_DATA):
-                continue
-            name = key[: -len(_DATA)]
-            if name + _EXTRA not in states:
-                raise ValueError(f"{path}: {key} is an MX weight without {name}{_EXTRA} (its "
-                                 "format is unknown)")
-            try:
-                state = extra_state.decode(states[name + _EXTRA])
-                layers[name] = QLinearConfig.load_from_dict(state["qconfig"])
-            except (TypeError, ValueError, KeyError) as error:
-                raise ValueError(f"{path}: {name}{_EXTRA}: not a torchmx layer config "
-                                 f"({type(error).__name__}: {error})") from None
+            names = set(state)
+            states.update({k: v for k, v in state.items() if k.endswith(_EXTRA)})
+        keys |= names
+    return keys, states
+
+
+def checkpoint_mx_layers(keys, states) -> Dict[str, QLinearConfig]:
+    """{layer name: its QLinearConfig} of the MX layers among checkpoint_keys(...)'s
+    (`keys`, `states`): each `<layer>.weight_data` with the config of its `_extra_state`."""
+    layers = {}
+    for key in keys:
+        if not key.endswith(_DATA):
+            continue
+        name = key[: -len(_DATA)]
+        if name + _EXTRA not in states:
+            raise ValueError(f"the checkpoint's {key} is an MX weight without {name}{_EXTRA} "
+                             "(its format is unknown)")
+        try:
+            state = extra_state.decode(states[name + _EXTRA])
+            layers[name] = QLinearConfig.load_from_dict(state["qconfig"])
+        except (TypeError, ValueError, KeyError) as error:
+            raise ValueError(f"the checkpoint's {name}{_EXTRA}: not a torchmx layer config "
+                             f"({type(error).__name__}: {error})") from None
     return layers
 
 
@@ -117,7 +128,9 @@ class TorchMXHfQuantizer(HfQuantizer):
         self.modules_to_not_convert = self.get_modules_to_not_convert(
             model, config.modules_to_not_convert, model._keep_in_fp32_modules)
         config.modules_to_not_convert = sorted(self.modules_to_not_convert)
-        layers = checkpoint_mx_layers(checkpoint_files)
+        keys, states = checkpoint_keys(checkpoint_files)
+        gpt_oss.swap_for_checkpoint(model, keys)  # gpt-oss experts in the mxfp4 layout
+        layers = checkpoint_mx_layers(keys, states)
         for name, module in list(model.named_modules()):
             source = _checkpoint_name(name, layers, model.base_model_prefix)
             if isinstance(module, nn.Linear) and source is not None:
@@ -137,7 +150,8 @@ class TorchMXHfQuantizer(HfQuantizer):
 
     def _process_model_after_weight_loading(self, model, **kwargs):
         empty = [name for name, module in model.named_modules()
-                 if isinstance(module, MXInferenceLinear) and module.weight_data.is_meta]
+                 if any(t.is_meta for t in module.buffers(recurse=False))
+                 and isinstance(module, (MXInferenceLinear, gpt_oss.MXGptOssExperts))]
         if empty:
             raise ValueError(f"the checkpoint has no packed weight for the MX layers "
                              f"{', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}")
