@@ -120,3 +120,21 @@ def test_bad_layout(blocks, scales, error, words):
 def test_pack_experts_needs_k_in_whole_blocks():
     with pytest.raises(ValueError, match=r"K a multiple of 32, got \(2, 4, 40\)"):
         gpt_oss.pack_experts(torch.zeros(2, 4, 40))
+
+
+def test_torchmx_config_quantizes_full_precision_experts_while_loading(tmp_path):
+    from torchmx import MXInferenceLinear, TorchMXConfig
+
+    model = tiny_gpt_oss()
+    model.save_pretrained(tmp_path / "float")
+    loaded = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "float", quantization_config=TorchMXConfig(weights="mxfp4"), dtype=torch.float32)
+    assert isinstance(loaded.model.layers[0].self_attn.q_proj, MXInferenceLinear)
+    gpt_oss.quantize_experts_(model)  # the same bytes as quantizing after loading
+    for ours, theirs in zip(loaded.model.layers, model.model.layers):
+        assert isinstance(ours.mlp.experts, gpt_oss.MXGptOssExperts)
+        a, b = ours.mlp.experts.state_dict(), theirs.mlp.experts.state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in b)
+    loaded.save_pretrained(tmp_path / "mx")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "mx", dtype=torch.float32)
+    assert torch.equal(logits(again), logits(loaded))

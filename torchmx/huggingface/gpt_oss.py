@@ -12,6 +12,8 @@ buffers under the same names, so its state dict is the checkpoint's bytes.
   MXGptOssExperts (MXFP4, the same routing, the biases kept).
 - `from_pretrained(path, **kwargs)`: a gpt-oss checkpoint in the mxfp4 layout, loaded with MX
   experts (TorchMXConfig's quantizer reads the layout; no full-precision copy of the experts).
+- TorchMXConfig(weights="mxfp4") on a full-precision gpt-oss checkpoint quantizes its experts
+  into MXGptOssExperts while they load (`load_projection`), one projection at a time.
 """
 
 from typing import Tuple
@@ -20,11 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import dtypes
 from ..config import MXConfig
 from ..mx_tensor import MXTensor
 
 __all__ = ["MXGptOssExperts", "experts_mx", "pack_experts", "quantize_experts_",
-           "from_pretrained", "PROJECTIONS"]
+           "from_pretrained", "PROJECTIONS", "is_gpt_oss_experts"]
 
 PROJECTIONS = ("gate_up_proj", "down_proj")
 _BLOCK = 32
@@ -149,19 +152,44 @@ class _Shape:
         self.swiglu_alpha, self.swiglu_limit = experts.alpha, experts.limit
 
 
-def _is_gpt_oss_experts(module: nn.Module) -> bool:
+def is_gpt_oss_experts(module: nn.Module) -> bool:
     return type(module).__name__ == "GptOssExperts" and hasattr(module, "gate_up_proj")
 
 
 def quantize_experts_(model: nn.Module) -> list:
     """Swap every GptOssExperts of `model` for MXGptOssExperts.from_float, in place; returns
     their names."""
-    names = [name for name, module in model.named_modules() if _is_gpt_oss_experts(module)]
+    names = [name for name, module in model.named_modules() if is_gpt_oss_experts(module)]
     for name in names:
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
         setattr(owner, child, MXGptOssExperts.from_float(getattr(owner, child)))
     return names
+
+
+def holds_experts_format(weights: MXConfig) -> bool:
+    """Whether weights quantized per `weights` fit gpt-oss's layout (MXFP4, blocks of 32)."""
+    return weights.elem_dtype == dtypes.float4_e2m1 and weights.block_size == _BLOCK
+
+
+def load_projection(model: nn.Module, name: str, projection: str, weight: torch.Tensor) -> None:
+    """While a full-precision checkpoint loads: quantize `projection`'s weight [E, K, N] (as
+    GptOssExperts keeps it) of the experts module `name` into MXFP4, swapping that module for
+    an MXGptOssExperts on its first projection (biases already loaded are kept)."""
+    experts = model.get_submodule(name)
+    if not isinstance(experts, MXGptOssExperts):
+        with torch.device("meta"):
+            new = MXGptOssExperts(_Shape(experts), dtype=experts.gate_up_proj_bias.dtype)
+        for bias in ("gate_up_proj_bias", "down_proj_bias"):
+            if not getattr(experts, bias).is_meta:
+                setattr(new, bias, getattr(experts, bias))
+        new._is_hf_initialized = True
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, new)
+        experts = new
+    blocks, scales = pack_experts(weight.transpose(1, 2))
+    setattr(experts, f"{projection}_blocks", blocks)
+    setattr(experts, f"{projection}_scales", scales)
 
 
 def swap_for_checkpoint(model: nn.Module, checkpoint_keys) -> list:
@@ -172,7 +200,7 @@ def swap_for_checkpoint(model: nn.Module, checkpoint_keys) -> list:
     prefix = getattr(model, "base_model_prefix", "")
     swapped = []
     for name, module in list(model.named_modules()):
-        if not _is_gpt_oss_experts(module):
+        if not is_gpt_oss_experts(module):
             continue
         stored = (f"{name}.gate_up_proj_blocks", f"{prefix}.{name}.gate_up_proj_blocks",
                   f"{name.removeprefix(prefix + '.')}.gate_up_proj_blocks")

@@ -5,9 +5,10 @@ Before the weights load (the model is on the meta device), every nn.Linear whose
 config (its `_extra_state`), so a saved torchmx model loads as it was saved, mixed configs
 included; so does every gpt-oss experts module whose weights the checkpoint holds in the
 mxfp4 layout (`...experts.gate_up_proj_blocks`: torchmx.huggingface.gpt_oss). While the
-weights load, each other selected nn.Linear weight (a full-precision
-checkpoint) is quantized as soon as it is read and its layer swapped: one full-precision
-weight at a time, never a second copy of the model.
+weights load, each other selected nn.Linear weight (a full-precision checkpoint) is quantized
+as soon as it is read and its layer swapped, and so is each gpt-oss experts projection when
+the weights are MXFP4 in blocks of 32 (gpt_oss.load_projection): one full-precision weight at
+a time, never a second copy of the model.
 """
 
 import os
@@ -94,7 +95,12 @@ class _QuantizeLinear(ConversionOps):
     def convert(self, input_dict, model=None, full_layer_name=None, missing_keys=None, **kwargs):
         _, value = next(iter(input_dict.items()))
         value = value[0] if isinstance(value, list) else value
-        name = full_layer_name.rpartition(".")[0]
+        name, _, tensor_name = full_layer_name.rpartition(".")
+        if missing_keys is not None:
+            missing_keys.discard(full_layer_name)
+        if tensor_name in gpt_oss.PROJECTIONS:  # a gpt-oss experts projection [E, K, N]
+            gpt_oss.load_projection(model, name, tensor_name, value)
+            return {}
         linear = model.get_submodule(name)
         with torch.device("meta"):
             source = nn.Linear(linear.in_features, linear.out_features, bias=False)
@@ -104,8 +110,6 @@ class _QuantizeLinear(ConversionOps):
         layer.train(linear.training)
         layer._is_hf_initialized = True
         _swap(model, name, layer)
-        if missing_keys is not None:
-            missing_keys.discard(full_layer_name)
         return {}
 
 
@@ -142,8 +146,12 @@ class TorchMXHfQuantizer(HfQuantizer):
             return False
         name, _, tensor_name = param_name.rpartition(".")
         module = model.get_submodule(name)
-        return (tensor_name == "weight" and isinstance(module, nn.Linear)
-                and should_convert_module(name, self.modules_to_not_convert))
+        if not should_convert_module(name, self.modules_to_not_convert):
+            return False
+        if gpt_oss.is_gpt_oss_experts(module):
+            return (tensor_name in gpt_oss.PROJECTIONS
+                    and gpt_oss.holds_experts_format(self.quantization_config.weights))
+        return tensor_name == "weight" and isinstance(module, nn.Linear)
 
     def get_quantize_ops(self):
         return _QuantizeLinear(self)
