@@ -46,8 +46,8 @@ torchmx.quantize_linear_(weight_only, "mxfp4")
 assert compressed_tensors.from_torchmx(weight_only.state_dict())[1]["format"] == "mxfp4-pack-quantized"
 try:
     torchmx.TorchMXConfig
-except ImportError:
-    pass
+except ImportError as error:
+    assert "needs transformers" in str(error), error
 else:
     raise AssertionError("TorchMXConfig without transformers")
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("triton", "torchao", "transformers"))

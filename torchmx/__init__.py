@@ -26,7 +26,12 @@ def __getattr__(name):
     # transformers is optional and slow to import: TorchMXConfig (which registers torchmx's
     # quantizer with transformers) is imported when it is asked for.
     if name == "TorchMXConfig":
-        from .huggingface import TorchMXConfig
-
+        try:
+            from .huggingface import TorchMXConfig
+        except ImportError as error:
+            if error.name not in (None, "transformers"):
+                raise
+            raise ImportError("torchmx.TorchMXConfig needs transformers: pip install "
+                              f"'torchmx[demo]' (or transformers) ({error})") from error
         return TorchMXConfig
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
