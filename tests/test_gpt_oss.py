@@ -138,3 +138,19 @@ def test_torchmx_config_quantizes_full_precision_experts_while_loading(tmp_path)
     loaded.save_pretrained(tmp_path / "mx")
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "mx", dtype=torch.float32)
     assert torch.equal(logits(again), logits(loaded))
+
+
+def test_expert_views_follow_the_buffers():
+    import copy
+
+    model = tiny_gpt_oss()
+    gpt_oss.quantize_experts_(model)
+    experts = model.model.layers[0].mlp.experts
+    x = torch.randn(3, 64)
+    indices, weights = torch.tensor([[0, 1], [2, 3], [1, 2]]), torch.full((3, 2), 0.5)
+    with torch.no_grad():
+        before = experts(x, indices, weights)
+        experts.down_proj_scales.add_(1)  # in place: every down_proj weight doubles
+        after = experts(x, indices, weights)
+        assert torch.equal(after, copy.deepcopy(experts)(x, indices, weights))
+        assert not torch.equal(after, before)

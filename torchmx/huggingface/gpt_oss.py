@@ -16,7 +16,8 @@ buffers under the same names, so its state dict is the checkpoint's bytes.
   into MXGptOssExperts while they load (`load_projection`), one projection at a time.
 """
 
-from typing import Tuple
+import weakref
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,9 @@ __all__ = ["MXGptOssExperts", "experts_mx", "pack_experts", "quantize_experts_",
            "from_pretrained", "PROJECTIONS", "is_gpt_oss_experts"]
 
 PROJECTIONS = ("gate_up_proj", "down_proj")
+# module -> {(projection, dtype, inference mode): (buffers' identity, per-expert MXTensors)}:
+# outside the module, so that it is neither saved, copied nor moved with it.
+_EXPERT_VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _BLOCK = 32
 _FP4 = MXConfig("float4_e2m1", _BLOCK)
 
@@ -116,6 +120,22 @@ class MXGptOssExperts(nn.Module):
         return MXTensor(scales, blocks.view(rows, groups * _BLOCK // 2), "float4_e2m1", _BLOCK,
                         dtype, block_dim=1, shape=(rows, groups * _BLOCK))
 
+    def _expert_weights(self, name: str, dtype: torch.dtype) -> List[MXTensor]:
+        """expert_weight(name, e, dtype) for every expert, built once per dtype and buffers
+        (an in-place write bumps a buffer's version, an assignment replaces it)."""
+        if torch.compiler.is_compiling():
+            return [self.expert_weight(name, e, dtype) for e in range(self.num_experts)]
+        buffers = (getattr(self, f"{name}_blocks"), getattr(self, f"{name}_scales"))
+        source = tuple((id(t), 0 if t.is_inference() else t._version, t.data_ptr())
+                       for t in buffers)
+        views = _EXPERT_VIEWS.setdefault(self, {})
+        key = (name, dtype, torch.is_inference_mode_enabled())
+        cached = views.get(key)
+        if cached is None or cached[0] != source:
+            cached = views[key] = (source, [self.expert_weight(name, e, dtype)
+                                            for e in range(self.num_experts)])
+        return cached[1]
+
     def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up[..., ::2], gate_up[..., 1::2]
         gate = gate.clamp(min=None, max=self.limit)
@@ -127,14 +147,14 @@ class MXGptOssExperts(nn.Module):
         GptOssMLP passes them) -> [T, H]: for each expert some token was routed to, its tokens'
         two products with its MX weights, summed with their routing weights."""
         dtype = hidden_states.dtype
+        gate_up = self._expert_weights("gate_up_proj", dtype)
+        down = self._expert_weights("down_proj", dtype)
         out = torch.zeros_like(hidden_states)
         for e in torch.unique(router_indices).tolist():
             token_idx, top_k_pos = torch.where(router_indices == e)
             x = hidden_states[token_idx]
-            h = F.linear(x, self.expert_weight("gate_up_proj", e, dtype),
-                         self.gate_up_proj_bias[e].to(dtype))
-            y = F.linear(self._apply_gate(h), self.expert_weight("down_proj", e, dtype),
-                         self.down_proj_bias[e].to(dtype))
+            h = F.linear(x, gate_up[e], self.gate_up_proj_bias[e].to(dtype))
+            y = F.linear(self._apply_gate(h), down[e], self.down_proj_bias[e].to(dtype))
             out.index_add_(0, token_idx, (y * routing_weights[token_idx, top_k_pos, None]).to(dtype))
         return out
 
