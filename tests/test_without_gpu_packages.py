@@ -1,5 +1,6 @@
 """A CPU user's machine has neither Triton nor torchao: `import torchmx`, the README's example
-and every layer's CPU path must work there (README command 1 runs on such a machine)."""
+and every layer's CPU path must work there (README command 1 runs on such a machine). They
+work without transformers too (only torchmx.huggingface and TorchMXConfig need it)."""
 
 import subprocess
 import sys
@@ -9,7 +10,7 @@ _BLOCK = """
 import importlib.abc, sys
 class _Missing(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("triton", "torchao"):
+        if name.split(".")[0] in ("triton", "torchao", "transformers"):
             raise ImportError(f"No module named {name!r} (blocked by the test)")
 sys.meta_path.insert(0, _Missing())
 """
@@ -39,7 +40,17 @@ model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.ReLU(), torch.nn.
 torchmx.quantize_linear_(model, QLinearConfig(MXConfig("float4_e2m1"), MXConfig("float8_e4m3")))
 assert model(x.float()).shape == (128, 8)
 assert torchmx.ops.backend_for(torch.device("cpu")) in ("cpu", "reference")
-loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("triton", "torchao"))
+from torchmx import compressed_tensors  # state-dict conversions need no transformers
+weight_only = torch.nn.Sequential(torch.nn.Linear(64, 8))
+torchmx.quantize_linear_(weight_only, "mxfp4")
+assert compressed_tensors.from_torchmx(weight_only.state_dict())[1]["format"] == "mxfp4-pack-quantized"
+try:
+    torchmx.TorchMXConfig
+except ImportError as error:
+    assert "needs transformers" in str(error), error
+else:
+    raise AssertionError("TorchMXConfig without transformers")
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("triton", "torchao", "transformers"))
 assert not loaded, loaded
 print("ok")
 """

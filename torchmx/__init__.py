@@ -20,3 +20,18 @@ from .quant_api import prepare_qat_, quantize_linear_, quantize_llm_  # noqa: E4
 
 __all__ += ["MXConfig", "QLinearConfig", "QLinearGradConfig", "QAttentionConfig", "MXLinear",
             "MXInferenceLinear", "quantize_linear_", "prepare_qat_", "quantize_llm_"]
+
+
+def __getattr__(name):
+    # transformers is optional and slow to import: TorchMXConfig (which registers torchmx's
+    # quantizer with transformers) is imported when it is asked for.
+    if name == "TorchMXConfig":
+        try:
+            from .huggingface import TorchMXConfig
+        except ImportError as error:
+            if error.name not in (None, "transformers"):
+                raise
+            raise ImportError("torchmx.TorchMXConfig needs transformers: pip install "
+                              f"'torchmx[demo]' (or transformers) ({error})") from error
+        return TorchMXConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

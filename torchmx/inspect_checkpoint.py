@@ -1,9 +1,12 @@
 """`torchmx inspect FILE`: what an MX checkpoint holds, read without building a model.
 
-Works on torchmx safetensors files (torchmx.serialization.save_safetensors) and on torch files
-of a state_dict (loaded with weights_only=True: nothing in the file is executed). MX layers are
+Works on safetensors files (torchmx.serialization.save_safetensors, transformers'
+save_pretrained, safetensors' save_model, other tools) and on torch files of a state_dict
+(loaded with weights_only=True: nothing in the file is executed). torchmx's MX layers are
 recognized by their `<layer>.weight_scale` / `<layer>.weight_data` uint8 pair and the config in
-`<layer>._extra_state`.
+`<layer>._extra_state`; MX tensors of gpt-oss's experts and of compressed-tensors' layers by
+their layouts (torchmx.huggingface.gpt_oss, torchmx.compressed_tensors). A file with none of
+them is said to be a full-precision checkpoint.
 """
 
 import collections
@@ -15,6 +18,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from . import dtypes
+from .nn import extra_state
 
 _SCALE, _DATA, _EXTRA = ".weight_scale", ".weight_data", "._extra_state"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -35,8 +39,10 @@ def read_state(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, object], 
     except OSError as error:
         raise ValueError(f"{path}: cannot read ({error.strerror})") from None
     if path.suffix == ".safetensors" or (len(head) >= 9 and head[8:9] == b"{"):
-        from .serialization import read_safetensors
+        from .serialization import FORMAT, read_safetensors
 
+        if _safetensors_metadata(path).get("torchmx.format") != FORMAT:
+            return _read_plain_safetensors(path)  # save_pretrained, save_model, other tools
         tensors, extra, _ = read_safetensors(path)  # checksums and format version checked
         return tensors, extra, "safetensors"
     if not head.startswith((_TORCH_ZIP, _PICKLE)):
@@ -49,12 +55,44 @@ def read_state(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, object], 
         if not isinstance(key, str):
             raise ValueError(f"{path}: not a state_dict "
                              f"(key {key!r} is of type {type(key).__name__}, not str)")
-    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    tensors = {k: v for k, v in state.items()
+               if isinstance(v, torch.Tensor) and not k.endswith(_EXTRA)}
     if not tensors and state and all(isinstance(v, dict) for v in state.values()):
         raise ValueError(f"{path}: holds a dict of dicts ({', '.join(map(repr, list(state)[:4]))}), "
                          "not a state_dict; save model.state_dict() alone")
-    extra = {k: v for k, v in state.items() if k.endswith(_EXTRA)}
+    extra = {}
+    for key in (k for k in state if k.endswith(_EXTRA)):
+        try:  # a tensor of JSON text (torchmx.nn.extra_state) or, in older files, a dict
+            extra[key] = extra_state.decode(state[key])
+        except ValueError as error:
+            raise ValueError(f"{path}: {key}: {error}") from None
     return tensors, extra, "torch"
+
+
+def _safetensors_metadata(path: Path) -> dict:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            return f.metadata() or {}
+    except (SafetensorError, OSError, RuntimeError) as error:
+        raise ValueError(f"{path}: not a readable safetensors file ({error})") from None
+
+
+def _read_plain_safetensors(path: Path):
+    """A safetensors file of a state dict written by anything but save_safetensors: MX
+    layers' extra states are their tensors of JSON text (torchmx.nn.extra_state)."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        state = {key: f.get_tensor(key) for key in f.keys()}
+    extra = {}
+    for key in [k for k in state if k.endswith(_EXTRA)]:
+        try:
+            extra[key] = extra_state.decode(state.pop(key))
+        except ValueError as error:
+            raise ValueError(f"{path}: {key}: {error}") from None
+    return state, extra, "safetensors"
 
 
 def _torch_load(path: Path):
@@ -149,13 +187,63 @@ def _histogram(scales: List[torch.Tensor], width: int = 40) -> List[str]:
     return lines
 
 
+def _other_layout(name: str, fmt: dtypes.DType, shape: List[int], scale: torch.Tensor,
+                  data: torch.Tensor, layout: str) -> str:
+    mx_bytes = scale.numel() + data.numel()
+    return (f"{name:<48} {fmt.name:<12} block 32   {layout:<24} {shape} {mx_bytes:>10,} B  "
+            f"{8 * mx_bytes / max(math.prod(shape), 1):.2f} bits/weight")
+
+
+def _foreign_mx(tensors: Dict[str, torch.Tensor]):
+    """(lines, keys, scales) of the MX tensors of other layouts: gpt-oss's MXFP4 experts
+    (`<x>_blocks` [E, N, K/32, 16] and `<x>_scales` [E, N, K/32]) and compressed-tensors'
+    layers (`weight_packed` or float8_e4m3fn `weight`, with uint8 `weight_scale`)."""
+    lines, keys, scales = [], set(), []
+    u8 = torch.uint8
+    for key in sorted(tensors):
+        t = tensors[key]
+        if key.endswith("_blocks") and t.dtype == u8 and t.dim() == 4 and t.shape[-1] == 16:
+            name = key[: -len("_blocks")]
+            scale = tensors.get(name + "_scales")
+            if scale is not None and scale.dtype == u8 and tuple(scale.shape) == tuple(t.shape[:-1]):
+                shape = [*t.shape[:-2], t.shape[-2] * 32]
+                lines.append(_other_layout(name, dtypes.float4_e2m1, shape, scale, t, "gpt-oss mxfp4 experts"))
+                keys |= {key, name + "_scales"}
+                scales.append(scale)
+        elif key.endswith(".weight_scale") and t.dtype == u8 and t.dim() == 2:
+            name = key[: -len(".weight_scale")]
+            packed, weight = tensors.get(name + ".weight_packed"), tensors.get(name + ".weight")
+            in_features = t.shape[1] * 32
+            if packed is not None and packed.dtype == u8 and packed.dim() == 2:
+                fmt = {in_features // 2: dtypes.float4_e2m1,
+                       in_features * 3 // 4: dtypes.float6_e2m3}.get(packed.shape[1])
+                data = packed
+            elif weight is not None and weight.dtype == torch.float8_e4m3fn:
+                fmt, data = dtypes.float8_e4m3, weight
+            else:
+                continue
+            if fmt is None or data.shape[0] != t.shape[0]:
+                continue
+            lines.append(_other_layout(name, fmt, [t.shape[0], in_features], t, data,
+                                       "compressed-tensors"))
+            keys |= {key, name + (".weight" if data is weight else ".weight_packed")}
+            scales.append(t)
+    return lines, keys, scales
+
+
 def describe(path: Path) -> str:
     tensors, extra, kind = read_state(path)
     layers = sorted(key[: -len(_SCALE)] for key in tensors
                     if key.endswith(_SCALE) and key[: -len(_SCALE)] + _DATA in tensors)
     mx_keys = {layer + suffix for layer in layers for suffix in (_SCALE, _DATA)}
+    foreign, foreign_keys, foreign_scales = _foreign_mx(
+        {k: v for k, v in tensors.items() if k not in mx_keys})
     total = _bytes(tensors.values())
-    lines = [f"{path} ({kind}): {len(tensors)} tensors, {total:,} bytes, {len(layers)} MX layers"]
+    lines = [f"{path} ({kind}): {len(tensors)} tensors, {total:,} bytes, "
+             f"{len(layers) + len(foreign)} MX layers"]
+    if not layers and not foreign:
+        lines.append("a full-precision checkpoint: no MX tensors (torchmx layers, gpt-oss "
+                     "MXFP4 experts or compressed-tensors MX layers)")
     if layers:
         lines += ["", "MX layers:"]
         try:
@@ -163,13 +251,16 @@ def describe(path: Path) -> str:
                                 extra.get(layer + _EXTRA)) for layer in layers]
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
+    if foreign:
+        lines += ["", "MX tensors of other layouts:"] + foreign
+    mx_keys |= foreign_keys
     plain = [key for key in tensors if key not in mx_keys]
     if plain:
         lines += ["", "other tensors:"]
         lines += [f"{key:<48} {str(tensors[key].dtype).replace('torch.', ''):<9} "
                   f"{list(tensors[key].shape)!s:<16} {tensors[key].numel() * tensors[key].element_size():>10,} B"
                   for key in plain]
-    histogram = _histogram([tensors[layer + _SCALE] for layer in layers])
+    histogram = _histogram([tensors[layer + _SCALE] for layer in layers] + foreign_scales)
     if histogram:
         lines += [""] + histogram
     return "\n".join(lines)

@@ -1,14 +1,15 @@
 """Checkpoints of MX models.
 
 MX layers (MXInferenceLinear) keep their packed weights in plain uint8 buffers and their
-quantization config in the state_dict's extra state (plain dicts), so:
+quantization config in the state_dict's extra state (a uint8 tensor of its JSON text,
+torchmx.nn.extra_state; older checkpoints hold a plain dict, still read), so:
 
 - `torch.save(model.state_dict(), f)` / `torch.load(f, weights_only=True)` round-trip bit for
   bit in any process that can import torch (and torchmx, to build the model);
   `load_state_dict` raises ValueError when a layer's config differs from the checkpoint's.
 - `save_safetensors(model, path)` / `load_safetensors(model, path)` write and read a
   safetensors file: every tensor of the state_dict (scales and packed codes as uint8), the
-  extra states as JSON metadata, tied tensors stored once, and a CRC32 per tensor. Loading
+  extra states as JSON metadata (decoded from their tensors), tied tensors stored once, and a CRC32 per tensor. Loading
   checks the file, the checksums, the keys, shapes, dtypes and configs against the freshly
   built model and raises ValueError naming what differs.
 
@@ -25,6 +26,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
+
+from .nn import extra_state
 
 __all__ = ["save_safetensors", "load_safetensors", "read_safetensors"]
 
@@ -61,8 +64,8 @@ def save_safetensors(model: nn.Module, path: PathLike, *,
                              f"'torchmx.'; got {key!r}: {type(value).__name__}")
     tensors, extra, aliases, seen = {}, {}, {}, {}
     for key, value in model.state_dict().items():
-        if key.endswith(_EXTRA_STATE_SUFFIX):
-            extra[key] = value
+        if key.endswith(_EXTRA_STATE_SUFFIX):  # stored as JSON in the header, as it was
+            extra[key] = extra_state.decode(value)  # before layers kept it as a tensor
             continue
         if type(value) is not torch.Tensor:
             raise TypeError(f"state_dict entry {key!r} is a {type(value).__name__}; safetensors "

@@ -26,7 +26,7 @@ from ..mx_ops.piece_linear import mx_piece_linear  # noqa: F401 - registers the 
 from ..mx_ops.stream_linear import mx_stream_linear  # noqa: F401 - registers the op
 from ..mx_tensor import MXTensor
 from ..numerics.packing import packed_length
-from . import arguments
+from . import arguments, extra_state
 from .mx_linear import check_linear, check_qconfig, describe_qconfig
 
 __all__ = ["MXInferenceLinear", "prepack_weights"]
@@ -426,12 +426,19 @@ class MXInferenceLinear(nn.Module):
         linear.train(self.training)
         return linear
 
-    # The quantization config travels with the state_dict (plain dicts and strings, so
-    # torch.load(weights_only=True) reads it); loading checks it against this layer's.
-    def get_extra_state(self) -> dict:
-        return {"version": _EXTRA_STATE_VERSION, "qconfig": self.qconfig.to_dict()}
+    # The quantization config travels with the state_dict as a uint8 tensor of its JSON text
+    # (extra_state.encode: safetensors, save_pretrained and torch.load(weights_only=True) all
+    # take it); loading checks it against this layer's, and also reads the dict that older
+    # checkpoints hold.
+    def get_extra_state(self) -> torch.Tensor:
+        return extra_state.encode({"version": _EXTRA_STATE_VERSION,
+                                   "qconfig": self.qconfig.to_dict()})
 
     def set_extra_state(self, state) -> None:
+        try:
+            state = extra_state.decode(state)
+        except ValueError as e:
+            raise ValueError(f"{self._describe()}: {e}") from None
         if not isinstance(state, dict) or state.get("version") != _EXTRA_STATE_VERSION:
             raise ValueError(f"{self._describe()}: unrecognized extra state in the checkpoint "
                              f"(expected a torchmx MXInferenceLinear state, version "

@@ -16,6 +16,7 @@ in its place. The swap is a module swap (no torchao tensor subclass), so the mod
 eagerly, under torch.compile, and saves like any torchmx model.
 """
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,9 +103,26 @@ class MXDynamicActivationMXWeightConfig(AOBaseConfig):
         return QLinearConfig(mx(self.weight_dtype), mx(self.activation_dtype))
 
 
+def _check_not_the_root(config) -> None:
+    """ValueError where quantize_ was given the layer itself: it drops a swapped root module
+    and would leave the layer unquantized without a word (transformers' TorchAoConfig calls
+    quantize_ so, on each nn.Linear). torchao's tree walk holds the module's name in
+    `cur_fqn`; "" is the model it was given."""
+    caller = sys._getframe(2)
+    if (caller.f_code.co_name == "_replace_with_custom_fn_if_matches_filter"
+            and caller.f_locals.get("cur_fqn") == ""):
+        raise ValueError(
+            f"torchmx's {type(config).__name__} swaps modules, and quantize_ cannot swap the "
+            "module it is given (here an nn.Linear itself, as transformers' TorchAoConfig "
+            "passes each layer): it would stay unquantized. With transformers, use "
+            "from_pretrained(..., quantization_config=torchmx.TorchMXConfig(weights=...)); for "
+            "one layer, MXInferenceLinear.from_float(linear, qconfig)")
+
+
 def _to_inference_linear(module: nn.Module, config) -> nn.Module:
     if not isinstance(module, nn.Linear):  # a custom filter_fn may select anything
         return module
+    _check_not_the_root(config)
     return MXInferenceLinear.from_float(module, config.qconfig)
 
 
@@ -116,4 +134,5 @@ for _config in (MXInferenceLinearConfig, MXWeightOnlyConfig, MXDynamicActivation
 def _to_mx_linear(module: nn.Module, config: MXQATConfig) -> nn.Module:
     if type(module) is not nn.Linear:
         return module
+    _check_not_the_root(config)
     return MXLinear.from_float(module, config.qconfig)
