@@ -26,3 +26,4 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         import triton_interpreter
         triton_interpreter.fix_scalar_index()
         triton_interpreter.fix_slow_generic_reduce()
+        triton_interpreter.patch_language_once_per_launch()

@@ -71,3 +71,42 @@ def fix_slow_generic_reduce():
     if not hasattr(ReduceOps, "_stock_generic_reduce"):
         ReduceOps._stock_generic_reduce = ReduceOps.generic_reduce
         ReduceOps.generic_reduce = reduce_by_slices
+
+
+def patch_language_once_per_launch():
+    """The interpreter patches triton.language (inspecting every member of its modules) at a
+    kernel's launch and again at every call of a @triton.jit helper inside it, in every program:
+    ~30 ms a call, much of the time of kernels built from helpers. The patches a helper's call
+    makes are the launch's own (same modules, same replacements, never undone before the
+    launch's end), so a helper whose modules the launch patched skips them."""
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    stock_patch = interpreter._patch_lang
+    launch = interpreter.GridExecutor.__call__
+    patched = [None]  # ids of the language modules the launch under way patched (None: none)
+
+    def languages(fn):
+        return {id(v) for v in fn.__globals__.values()
+                if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    def patch(fn):
+        needed = languages(fn)
+        if patched[0] is not None and needed <= patched[0]:
+            return interpreter._LangPatchScope()  # nothing patched, nothing to undo
+        scope = stock_patch(fn)
+        if patched[0] is not None:
+            patched[0] |= needed
+        return scope
+
+    def launch_patching_once(self, *args, **kwargs):
+        outer, patched[0] = patched[0], set()
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            patched[0] = outer
+
+    interpreter._patch_lang = patch
+    interpreter.GridExecutor.__call__ = launch_patching_once
