@@ -209,7 +209,7 @@ def time_configs(configs, run, x, ws, label):
 
 def fragment_configs(M):
     """Tiles of the fragment kernel worth timing for M activation rows (FragmentConfig)."""
-    block_m = km._block_m(M)
+    block_m = km.block_m_for(M)
     tiles = [(1, 2, 6, 4), (1, 2, 8, 4), (1, 2, 12, 4), (1, 4, 8, 4), (2, 2, 4, 4), (2, 2, 6, 4),
              (2, 2, 8, 4), (2, 2, 4, 8), (2, 2, 8, 8), (4, 2, 4, 8)]
     return [fm.FragmentConfig(block_m, v, u, split, warps, stages)
@@ -259,7 +259,7 @@ def mma_sweep(fmts, Ms, N, K):
             configs = []
             caps = (None, 128 if M <= 16 else 168)
             for v, u, per_sm, cap in itertools.product((1, 2), (1, 2, 4), (2, 3, 4, 6), caps):
-                split = max(1, min(K // (unit * u), round(per_sm * km._sm_count(x.device)
+                split = max(1, min(K // (unit * u), round(per_sm * km.sm_count(x.device)
                                                           / (N // (64 * v)))))
                 configs.append(mma_linear.MmaConfig(v, u, split, maxnreg=cap))
             default = mma_linear.default_config(fmt, M, N, K, 32, x.device)

@@ -102,7 +102,7 @@ def test_preferred_follows_the_measured_shapes(monkeypatch):
     """benchmarks/bench_gpu_matmul.py --mx-gemm on an H100 (132 SMs): any pair of MXFP4, e4m3
     and e5m2, from 2048 rows with 90% of the SMs' tiles filled; never with MXINT8."""
     cuda = torch.device("cuda")
-    monkeypatch.setattr(mx_gemm, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(mx_gemm, "sm_count", lambda device: 132)
     table = {(f.name, M, N): mx_gemm.preferred(f, f, M, N, cuda)
              for f in (E2M1, E4M3, dtypes.int8) for M in (1024, 2048, 8192)
              for N in (1024, 4096, 14336)}

@@ -264,7 +264,7 @@ def test_prepack_makes_stream_copies_on_hopper_for_weights_that_fill_the_waves(m
     monkeypatch.undo()
     if CUDA and not HOPPER:
         pytest.skip("the policy is for sm_90")
-    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: 2)
+    monkeypatch.setattr(stream_linear, "sm_count", lambda device: 2)
     expected = HOPPER and stream_linear.available()
     fp4, fp8, here = dtypes.float4_e2m1, dtypes.float8_e4m3, torch.device(DEVICE)
     assert inference_linear._stream_layout_wanted(fp8, 128, 256, here) is expected

@@ -228,7 +228,7 @@ def test_gpus_before_sm90_take_the_element_kernel(kind, half, monkeypatch):
     view = tb._view_cols(x, 0)
     fmt = dtypes.float4_e2m1
     assert tb._pairs_apply(*view, fmt, "even", kind) == (not GPU or PAIRS_RUN)
-    monkeypatch.setattr(tb, "_interpreting", lambda: False)
+    monkeypatch.setattr(tb, "interpreting", lambda: False)
     monkeypatch.setattr(tb, "device_capability", lambda device: (8, 0))
     assert not tb._pairs_apply(*view, fmt, "even", kind)
     monkeypatch.setattr(tb, "device_capability", lambda device: (9, 0))

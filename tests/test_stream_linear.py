@@ -303,7 +303,7 @@ def test_kernel_arguments_refuse_configs_that_do_not_fit():
     (0, 8192, 132, 1), (4, 1024, 8, 2), (1, 4096, 8, 8)])
 def test_split_k(tiles, K, sms, split, monkeypatch):
     """As many CTAs a tile as one wave holds, at most MAX_SPLIT, each with >= 4 steps of K."""
-    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: sms)
+    monkeypatch.setattr(stream_linear, "sm_count", lambda device: sms)
     assert stream_linear.split_k(64 * tiles, K, torch.device("cpu")) == split
 
 
@@ -330,7 +330,7 @@ def test_wave_policy(fmt, rows, tiles, K, sms, fills, monkeypatch):
     """The kernel is chosen where its CTAs (tiles x split_k) fill >= 80% (MXFP4, MXFP6) or
     90% (one-byte codes) of their waves; one MXFP4 row only unsplit and from 90%."""
     monkeypatch.undo()
-    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: sms)
+    monkeypatch.setattr(stream_linear, "sm_count", lambda device: sms)
     assert stream_linear.fills_waves(dtypes.from_name(fmt), 64 * tiles, K, torch.device("cpu"),
                                      rows) is fills
 
@@ -341,7 +341,7 @@ def test_wave_policy_refuses_other_formats():
 
 
 def test_wave_fill(monkeypatch):
-    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(stream_linear, "sm_count", lambda device: 132)
     fills = [stream_linear.wave_fill(64 * t, K, torch.device("cpu"))
              for t, K in ((0, 8192), (66, 8192), (128, 8192), (224, 4096), (64, 4096),
                           (64, 512), (16, 4096))]
