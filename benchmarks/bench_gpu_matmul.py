@@ -46,8 +46,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
-from torchmx.kernels import byte_gemv, fragment_layout, fragment_matmul as fm, mma_linear  # noqa: E402
-from torchmx.kernels import matmul as km, mx_gemm, piece_layout  # noqa: E402
+from torchmx.kernels.linear import byte_gemv, fragment_matmul as fm, mma_linear  # noqa: E402
+from torchmx.kernels.layouts import fragment_layout  # noqa: E402
+from torchmx.kernels.linear import dispatch as km, mx_gemm  # noqa: E402
+from torchmx.kernels.layouts import piece_layout  # noqa: E402
 from torchmx.mx_ops import fragment_linear as fragment_op, piece_linear as piece_op  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
@@ -230,7 +232,7 @@ def fragment_sweep(Ms, N, K):
 
 
 def gemv_sweep(fmts, N, K):
-    """The tiles of the one-row kernel of one-byte codes (kernels/byte_gemv.py)."""
+    """The tiles of the one-row kernel of one-byte codes (kernels/linear/byte_gemv.py)."""
     configs = [byte_gemv.GemvConfig(bn, pieces, warps) for bn, pieces, warps in itertools.product(
         (1, 2, 4, 8), (128, 256, 512), (2, 4, 8))]
     for fmt in fmts:
@@ -247,7 +249,7 @@ def gemv_sweep(fmts, N, K):
 
 def mma_sweep(fmts, Ms, N, K):
     """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8, MXFP6, MXFP4 or MXINT8
-    weight in the standard layout (kernels/mma_linear.py): 64 / 128-row tiles, 1-4 units of a
+    weight in the standard layout (kernels/linear/mma_linear.py): 64 / 128-row tiles, 1-4 units of a
     row a step (64-256 one-byte / 128-512 fp4 or fp6 codes), two steps ahead, 2-6 programs an
     SM, each without and with a register cap (128 up to 16 rows: 4 programs of 4 warps an SM;
     else 168: 3)."""
@@ -420,7 +422,7 @@ MX_GEMM_SHAPES = list(itertools.product((2048, 4096, 8192), (1024, 4096, 8192, 1
 
 
 def mx_gemm_sweep(pairs, shapes=MX_GEMM_SHAPES, rounds=7):
-    """MX x MX products, interleaved: kernels/mx_gemm.py's GEMM (x decoded in its main loop, W
+    """MX x MX products, interleaved: kernels/linear/mx_gemm.py's GEMM (x decoded in its main loop, W
     dequantized in its order, inside the GEMM ahead of the tiles past the first wave: 'gemm';
     all of W first: 'W first') and the dequantize + cuBLAS path ('deq'), each against cuBLAS
     on the dequantized operands; 'preferred' is mx_gemm.preferred's choice (what F.linear

@@ -23,9 +23,9 @@ import torch  # noqa: E402
 
 from sass_tools import compile_sm90 as compile_kernel, instructions, opcode  # noqa: E402
 from torchmx import dtypes  # noqa: E402
-from torchmx.kernels import byte_gemv, mma_linear  # noqa: E402
-from torchmx.kernels import matmul as km  # noqa: E402
-from torchmx.kernels import matmul_kernels as mk  # noqa: E402
+from torchmx.kernels.linear import byte_gemv, mma_linear  # noqa: E402
+from torchmx.kernels.linear import dispatch as km  # noqa: E402
+from torchmx.kernels.linear import matmul_kernels as mk  # noqa: E402
 
 CASES = [  # (format, FAST, variant): at the default tiles
     (dtypes.float4_e2m1, 5, km.ROWS),

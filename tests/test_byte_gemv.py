@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor
-from torchmx.kernels import byte_gemv, matmul as km
+from torchmx.kernels.linear import byte_gemv, dispatch as km
 from torchmx.mx_ops import weight_matmul
 
 from covering import all_pairs

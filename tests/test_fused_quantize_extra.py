@@ -13,7 +13,7 @@ import torch
 
 from formats import FORMATS, SCALE_MODES, bit_view
 from torchmx import dtypes
-from torchmx.kernels import triton_backend as tb
+from torchmx.kernels.quantize import triton_backend as tb
 from torchmx.numerics import quantize_mx_reference
 
 GPU = torch.cuda.is_available()  # else tests/conftest.py runs Triton's interpreter

@@ -1,4 +1,4 @@
-"""kernels/mx_gemm.py: MX x MX products through a GEMM that decodes the activation's codes.
+"""kernels/linear/mx_gemm.py: MX x MX products through a GEMM that decodes the activation's codes.
 
 On the CPU: the K order the kernels share, the exact fix-up kernel (under Triton's
 interpreter, bit for bit), the policy and eligibility rules, the custom op's fallback, and
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from torchmx import MXTensor, dtypes
-from torchmx.kernels import mx_gemm
-from torchmx.kernels.mma_linear import FAST_SCALES
+from torchmx.kernels.linear import mx_gemm
+from torchmx.kernels.linear.mma_linear import FAST_SCALES
 
 from matmul_operands import DEVICE, integer_operands
 

@@ -16,8 +16,8 @@ import torch
 
 from torchmx import dtypes
 from torchmx.config import MXConfig, QLinearConfig
-from torchmx.kernels import (fragment_layout as fl, piece_layout as pl, stream_layout as sl,
-                             stream_linear)
+from torchmx.kernels.layouts import fragment_layout as fl, piece_layout as pl, stream_layout as sl
+from torchmx.kernels.linear import stream_matmul
 from torchmx.mx_ops import weight_matmul
 from torchmx.nn import MXInferenceLinear, inference_linear, prepack_weights
 
@@ -35,8 +35,8 @@ def stream_copies(request, monkeypatch):
     default for weights that fill the GPU's waves; on the CPU it does not)."""
     monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda *_: request.param)
     # the kernel's wave policy would send these small layers to the usual path
-    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0, 4: 0.0})
-    monkeypatch.setattr(stream_linear, "ONE_ROW_MIN_FILL", 0.0)
+    monkeypatch.setattr(stream_matmul, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0, 4: 0.0})
+    monkeypatch.setattr(stream_matmul, "ONE_ROW_MIN_FILL", 0.0)
     return request.param
 
 
@@ -264,8 +264,8 @@ def test_prepack_makes_stream_copies_on_hopper_for_weights_that_fill_the_waves(m
     monkeypatch.undo()
     if CUDA and not HOPPER:
         pytest.skip("the policy is for sm_90")
-    monkeypatch.setattr(stream_linear, "sm_count", lambda device: 2)
-    expected = HOPPER and stream_linear.available()
+    monkeypatch.setattr(stream_matmul, "sm_count", lambda device: 2)
+    expected = HOPPER and stream_matmul.available()
     fp4, fp8, here = dtypes.float4_e2m1, dtypes.float8_e4m3, torch.device(DEVICE)
     assert inference_linear._stream_layout_wanted(fp8, 128, 256, here) is expected
     assert not inference_linear._stream_layout_wanted(fp4, 192, 256, here)  # 3 tiles of 4

@@ -1,4 +1,4 @@
-"""The quantize kernels on bf16 pairs (kernels/_tl_quantize_pairs.py): blocks along the last
+"""The quantize kernels on bf16 pairs (kernels/quantize/_tl_quantize_pairs.py): blocks along the last
 dim, and the fused row + column pass.
 
 Their encode runs as inline PTX, which Triton's interpreter cannot run: on CPU the kernels
@@ -16,8 +16,8 @@ import triton.language as tl
 from formats import SCALE_MODES, wide_range_input
 from ptx_emulator import run_ptx
 from torchmx import dtypes
-from torchmx.kernels import _tl_quantize_pairs as qp
-from torchmx.kernels import triton_backend as tb
+from torchmx.kernels.quantize import _tl_quantize_pairs as qp
+from torchmx.kernels.quantize import triton_backend as tb
 from torchmx.numerics import quantize_mx_reference
 from torchmx.numerics.elements import encode
 

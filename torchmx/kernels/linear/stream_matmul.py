@@ -43,7 +43,7 @@ The counters (int32, one a tile, zero between calls: prepack's copy keeps its ow
 concurrent calls on one weight on two streams race when K is split, as for the fragment and
 piece kernels.
 
-Numerics are those of kernels/matmul.py: exact bf16 products, fp32 sums, one rounding (the
+Numerics are those of kernels/linear/dispatch.py: exact bf16 products, fp32 sums, one rounding (the
 order of the fp32 sums depends on the split, so on the GPU's SM count; runs on one GPU give
 the same bits). A block the decode cannot take exactly (a scale byte outside
 fast_decode.FAST_SCALES with a nonzero code, a NaN scale, an e4m3 NaN code, an e5m2 Inf or NaN
@@ -65,10 +65,10 @@ from typing import Optional
 
 import torch
 
-from .. import dtypes
-from ..numerics import arguments as args
-from . import stream_layout
-from ._common import aligned, device_capability, interpreting, packed_decode_constants, sm_count
+from ... import dtypes
+from ...numerics import arguments as args
+from ..layouts import stream_layout
+from .._common import aligned, device_capability, interpreting, packed_decode_constants, sm_count
 
 __all__ = ["MAX_PREFETCH", "MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
            "default_config", "eligible", "fills_waves", "kernel_arguments", "split_k",
@@ -174,7 +174,7 @@ def fills_waves(fmt: dtypes.DType, N: int, K: int, device: torch.device,
     row, also ONE_ROW_MIN_FILL, with K not split). `rows` None: for several rows (what
     prepack() asks)."""
     if fmt not in stream_layout.FORMATS:
-        raise ValueError(f"stream_linear.fills_waves: the stream kernel takes "
+        raise ValueError(f"stream_matmul.fills_waves: the stream kernel takes "
                          f"{', '.join(f.name for f in stream_layout.FORMATS)} weights, got "
                          f"{fmt.name}")
     need = MIN_WAVE_FILL[fmt.codes_per_group]
@@ -204,7 +204,7 @@ def default_config(fmt: dtypes.DType, M: int, K: int, split: int = 1) -> StreamC
     beside the fp32 partial [64, MP]; `split` CTAs a tile (split_k's); launched with PDL (unless
     USE_PDL is False), asking L2 for `_PREFETCH` sub-steps first."""
     if fmt not in stream_layout.FORMATS or not 1 <= M <= 64:
-        raise ValueError(f"stream_linear.default_config: takes "
+        raise ValueError(f"stream_matmul.default_config: takes "
                          f"{', '.join(f.name for f in stream_layout.FORMATS)} weights and 1..64 "
                          f"rows, got {fmt.name} and M={M}")
     stages, sub = _PREFERRED[fmt.codes_per_group]
@@ -368,7 +368,7 @@ class StreamPlan:
                  config: Optional[StreamConfig] = None):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         from ._gl_stream import stream_linear_kernel
-        from ._launch import Launch
+        from .._launch import Launch
         N, K = w_data.shape[0], w_scale.shape[1] * stream_layout.BLOCK
         device = w_data.device
         cfg = _checked_config(fmt, M, N, K, device, config)

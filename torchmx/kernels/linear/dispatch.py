@@ -35,9 +35,9 @@ from typing import Optional
 
 import torch
 
-from .. import dtypes
-from ._common import block_m_for, interpreting, packed_decode_constants, sm_count
-from ._launch import Launch
+from ... import dtypes
+from .._common import block_m_for, interpreting, packed_decode_constants, sm_count
+from .._launch import Launch
 
 __all__ = ["SMALL_M", "supported", "linear", "fused_linear", "dequantized_linear", "Config"]
 
@@ -303,7 +303,7 @@ def _pipeline_bounds(M: int, N: int, K: int) -> Optional[list]:
 def _dequantize(w_data, w_scale, fmt, block_size, K):
     """W [N, K] dequantized to bf16 (the operator's body itself where nothing traces the
     call: _eager.short_path)."""
-    from .. import ops
+    from ... import ops
     return ops.dequantize_mx.eager()(w_data, w_scale, fmt.name, block_size, torch.bfloat16, 1,
                                      block_dim_size=K)
 

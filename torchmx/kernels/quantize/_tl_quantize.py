@@ -17,7 +17,7 @@ with a separate pass (see _tl_packing.py).
 import triton
 import triton.language as tl
 
-from ._tl_numerics import (ROUND_EVEN, ROUND_STOCHASTIC, encode, inverse_scale, load_f32,
+from .._tl_numerics import (ROUND_EVEN, ROUND_STOCHASTIC, encode, inverse_scale, load_f32,
                            program_coordinates, scale_byte, uniform_from_index)
 
 

@@ -6,7 +6,7 @@ registers, decodes 8 codes with 4 rotates, 5 logic ops and 4 bf16x2 multiplies (
 applies the block scale: exact, see fragment_layout), and feeds wgmma with no shared-memory
 staging of W. It computes out^T = W x^T ("swap AB": the activation rows, at most 64, are wgmma's
 N dimension, and x^T goes through shared memory). Products are exact (bf16 x bf16), sums are
-fp32, and the result (plus bias, in fp32) is rounded once: the contract of kernels/matmul.py.
+fp32, and the result (plus bias, in fp32) is rounded once: the contract of kernels/linear/dispatch.py.
 
 K is split across SPLIT programs per tile of 64 V rows. Each writes its fp32 partial; the last to
 arrive (an atomic counter per tile, which it resets to 0 for the next call) adds the partials in
@@ -41,10 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._tl_numerics import to_output
-from .fragment_layout import CHUNK
-from ._common import block_m_for, device_capability, interpreting, sm_count
-from ._launch import launch
+from .._tl_numerics import to_output
+from ..layouts.fragment_layout import CHUNK
+from .._common import block_m_for, device_capability, interpreting, sm_count
+from .._launch import launch
 
 __all__ = ["FragmentConfig", "default_config", "fragment_linear", "store_out", "store_split",
            "usable_on"]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from ._tl_numerics import program_coordinates, scale_byte
+from .._tl_numerics import program_coordinates, scale_byte
 from ._tl_quantize import (codes_rne, rne_block, chunk_tile, fused_tile, store_fp6_groups,
                            store_group_words)
 

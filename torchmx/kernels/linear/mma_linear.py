@@ -43,7 +43,7 @@ value exactly value * 2**(s - 127):
 
 The multiply is exact when s is in FAST_SCALES (the multiplier is a normal bf16 and the scaled
 value keeps all its bits). The tensor cores multiply these exact bf16 operands by x and
-accumulate in fp32: the contract of kernels/matmul.py.
+accumulate in fp32: the contract of kernels/linear/dispatch.py.
 
 What the decode cannot do exactly, it poisons: a piece with a NaN or Inf code (e4m3's NaN,
 e5m2's Inf and NaN) or a scale outside FAST_SCALES gets a NaN multiplier, found by a few integer
@@ -65,14 +65,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import dtypes
-from ._tl_numerics import decode_value, scale_value
-from .fast_decode import CHUNK, FAST_SCALES, MULTIPLIER_EXPONENT, UNITS
-from .piece_layout import check_pieces
+from ... import dtypes
+from .._tl_numerics import decode_value, scale_value
+from ..layouts.fast_decode import CHUNK, FAST_SCALES, MULTIPLIER_EXPONENT, UNITS
+from ..layouts.piece_layout import check_pieces
 from .fragment_matmul import check_tile, split_steps, store_out, store_split, usable_on
-from ._common import aligned, block_m_for, interpreting, packed_decode_constants, sm_count
+from .._common import aligned, block_m_for, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import reduce_splits_kernel
-from ._launch import Launch
+from .._launch import Launch
 
 __all__ = ["MmaConfig", "FAST_SCALES", "check_pieces", "default_config", "eligible", "mma_linear"]
 
@@ -646,7 +646,7 @@ def mma_linear_kernel(
     """Program (tile of 64 V rows of W, part of K): out[m, n] for all m < M <= BLOCK_M, or its
     fp32 partial with SPLIT > 1. N is a multiple of 64 V, K of U units (UNITS); the `steps` =
     K / (U unit's codes) steps are shared out over the SPLIT programs of a tile (SPLIT <=
-    steps). The format constants are matmul._format_constants' (E5M2 is HAS_INF; CPG, 1, 2 or
+    steps). The format constants are _common.packed_decode_constants' (E5M2 is HAS_INF; CPG, 1, 2 or
     4, the codes a packed group); UNIT_CODES and UNIT_BYTES the format's UNITS.
 
     With PIECES, the fast path reads W from its piece layout (pieces_ptr, piece_scales_ptr;

@@ -1,4 +1,4 @@
-"""The Gluon kernel of stream_linear.py (device code only; see that module for what it computes).
+"""The Gluon kernel of stream_matmul.py (device code only; see that module for what it computes).
 
 Gluon is Triton's explicit-layout dialect: this module needs a Triton with
 `triton.experimental.gluon` and its Hopper TMA / wgmma API (Triton 3.6), and its kernels run
@@ -10,7 +10,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from ._tl_numerics import decode_value, scale_value
+from .._tl_numerics import decode_value, scale_value
 # mma_linear's decoders (tl.constexpr), under this module's own names for them
 from .mma_linear import (DECODE_E2M3_0 as _DECODE_E2M3_0, DECODE_E2M3_1 as _DECODE_E2M3_1,
                          DECODE_E2M3_2 as _DECODE_E2M3_2, DECODE_E2M3_3 as _DECODE_E2M3_3,
@@ -428,7 +428,7 @@ def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, plane_a, plane_b, stre
                          CPG: gl.constexpr):
     """out[:M, 64 tile ..] = x @ W[64 tile ..].T (+ bias), rounded once to out's dtype: CTA
     `SPLIT tile + part` takes part `part` of the tile's K (its share of the tile's ring slots)
-    with a TMA loader warp and two consumer warpgroups (stream_linear.py). PDL: launched with
+    with a TMA loader warp and two consumer warpgroups (stream_matmul.py). PDL: launched with
     programmatic dependent launch, it lets the next kernel start as its CTAs finish, and its
     loader waits for the previous kernel (after asking L2 for PREFETCH sub-steps of W)."""
     FP6: gl.constexpr = CPG == 4

@@ -12,7 +12,7 @@ values (for MXINT8 the integer codes, whose 2**-6 joins the scale), is multiplie
 block's scale 2**(s - 127) (exact: a power of two of at least 2**-133) and kept in its own fp32
 accumulator: no cross-thread reduction until the end, where a row's accumulators are added and
 the result (plus bias) is rounded once. Products are exact and sums fp32: the contract of
-kernels/matmul.py.
+kernels/linear/dispatch.py.
 
 Why it is fast (H100, N = K = 8192: benchmarks/bench_gpu_matmul.py): a step's loads (the
 codes and the scale byte of each piece, x's 16 values of each piece) are plain (coherent) PTX
@@ -31,10 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import dtypes
-from ._launch import Launch
-from ._tl_numerics import decode_value, scale_value, to_output
-from ._common import aligned, interpreting, packed_decode_constants, sm_count
+from ... import dtypes
+from .._launch import Launch
+from .._tl_numerics import decode_value, scale_value, to_output
+from .._common import aligned, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import fp16_pair_to_f32, reduce_splits_kernel
 
 __all__ = ["GemvConfig", "TILE", "default_config", "eligible", "byte_gemv"]
@@ -187,7 +187,7 @@ def byte_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr, N, K,
     """Program (BLOCK_N rows, part of K): out[n] for its rows n, or with SPLIT > 1 the fp32
     partial sums over its `steps_per_split` steps of 16 PIECES columns (partials[split, n]).
     EVEN_N: N is a multiple of BLOCK_N; EVEN_K: K of 16 PIECES (no piece is masked). The format
-    constants are matmul._format_constants' (CPG, codes per group, is 1 here)."""
+    constants are _common.packed_decode_constants' (CPG, codes per group, is 1 here)."""
     STEP: tl.constexpr = _PIECE * PIECES
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
     k_start = tl.program_id(1) * steps_per_split * STEP

@@ -24,12 +24,12 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .. import dtypes
-from ..numerics.packing import packed_length
-from ..numerics.rounding import ROUNDING_MODES, seed_key
-from ..numerics.scale import SCALE_MODES
-from ._common import decode_constants, device_capability, interpreting
-from ._launch import launch
+from ... import dtypes
+from ...numerics.packing import packed_length
+from ...numerics.rounding import ROUNDING_MODES, seed_key
+from ...numerics.scale import SCALE_MODES
+from .._common import decode_constants, device_capability, interpreting
+from .._launch import launch
 
 __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "TUNING"]
 
@@ -365,7 +365,7 @@ def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, s
     if x.numel() == 0:
         return scale, data
     if _next_pow2(block_size) > _MAX_BLOCK_P:
-        from ..numerics.reference import quantize_mx_reference
+        from ...numerics.reference import quantize_mx_reference
         return quantize_mx_reference(data_hp, fmt, block_size, scale_mode=scale_mode,
                                      rounding=rounding, block_dim=axis, seed=seed)
     key = seed_key(seed or 0) if rounding == "stochastic" else 0
@@ -398,7 +398,7 @@ def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes
     if out.numel() == 0:
         return out
     if _next_pow2(block_size) > _MAX_BLOCK_P:
-        from ..numerics.reference import dequantize_mx_reference
+        from ...numerics.reference import dequantize_mx_reference
         return dequantize_mx_reference(data_lp, scale_u8, fmt, block_size, target_dtype, axis,
                                        block_dim_size=n)
     td = _kernels()[1]

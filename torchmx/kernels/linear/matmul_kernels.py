@@ -30,7 +30,7 @@ them in a fixed order (deterministic, unlike atomics), adds the bias and rounds 
 import triton
 import triton.language as tl
 
-from ._tl_numerics import decode_value, scale_value, to_output
+from .._tl_numerics import decode_value, scale_value, to_output
 
 FP4_UNSHIFT = tl.constexpr(16384.0)  # fp4 decoded through fp16 bits is 2**-14 of its value
 

@@ -1,7 +1,7 @@
 """MX x MX products on Hopper (sm_90): x [M, K] @ W.T with both x and W [N, K] MX matrices
 (blocks of 32 along K), for many activation rows, without dequantizing x.
 
-The large-M path of kernels/matmul.py dequantizes both operands to bf16 and runs cuBLAS; the
+The large-M path of kernels/linear/dispatch.py dequantizes both operands to bf16 and runs cuBLAS; the
 weight's dequantize hides behind the GEMMs (chunks on a side stream), the activation's does
 not. Here x stays in its codes:
 
@@ -33,7 +33,7 @@ not. Here x stays in its codes:
   other tiles, which decode the same codes again, skip the check. Ordinary operands never
   take the fix-up; its one launch costs a few microseconds when nothing is flagged.
 
-Numerics are those of kernels/matmul.py (exact products of the dequantized operands,
+Numerics are those of kernels/linear/dispatch.py (exact products of the dequantized operands,
 fp32 sums, one rounding) for every input, including the bf16 subnormal values that the
 dequantize path rounds (here they take the exact fix-up). The fp32 sums run in the tensor
 cores' order over the permuted K, not cuBLAS's, so where they round (e4m3's wide range) the
@@ -51,12 +51,12 @@ from typing import Optional
 
 import torch
 
-from .. import dtypes
-from ._common import interpreting, packed_decode_constants, sm_count
+from ... import dtypes
+from .._common import interpreting, packed_decode_constants, sm_count
 from .mma_linear import FAST_SCALES
 # Gluon with the Hopper TMA / wgmma API, an sm_90 GPU, not the interpreter: what the stream
 # kernel needs too (_gl_mx_gemm builds on _gl_stream)
-from .stream_linear import available, usable_on
+from .stream_matmul import available, usable_on
 
 __all__ = ["FORMATS", "MIN_M", "PREFERRED_FORMATS", "available", "eligible", "first_wave_blocks",
            "mx_gemm", "permuted_weight",
