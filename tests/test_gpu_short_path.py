@@ -95,8 +95,8 @@ def test_stream_plan_is_the_operator(fmt, bias):
     for rows, offset in [(1, 0), (2, 0), (16, 0), (16, 8), (64, 0), (1, 0), (16, 0)]:
         x = base[offset:offset + rows * 1024].view(1, rows, 1024)
         expected = torch.ops.torchmx.mx_stream_linear(
-            x, layer.weight_fragment_codes, layer.weight_fragment_scales,
-            layer.weight_fragment_counters, layer.weight_scale, layer.weight_data, fmt, 1024, b,
+            x, layer.weight_prepacked_codes, layer.weight_prepacked_scales,
+            layer.weight_prepacked_counters, layer.weight_scale, layer.weight_data, fmt, 1024, b,
             x.dtype)
         with torch.no_grad(), no_host_sync():
             got = layer(x)

@@ -262,7 +262,7 @@ def test_bad_calls_name_the_problem():
 
 
 def test_default_config():
-    cpu = torch.device("cpu")  # km._sm_count: 8 "SMs"
+    cpu = torch.device("cpu")  # _common.sm_count: 8 "SMs"
     e4m3, e2m1 = dtypes.float8_e4m3, dtypes.float4_e2m1
 
     def default(fmt, M, N, K, block_size=32):

@@ -351,7 +351,7 @@ def test_wave_fill(monkeypatch):
 
 # --- the kernel compiled for sm_90 (no GPU needed) ------------------------------------------
 
-# K split as on the CPU's 8 "SMs" (matmul._sm_count): 256 rows 2 ways, 64 rows 8 ways, 512 rows
+# K split as on the CPU's 8 "SMs" (_common.sm_count): 256 rows 2 ways, 64 rows 8 ways, 512 rows
 # and K = 384 not at all (test_the_compiled_cases_cover_each_split)
 _COMPILED = [("float4_e2m1", 16, 256, 1024, True, "bfloat16"),
              ("float4_e2m1", 64, 256, 1024, False, "float32"),

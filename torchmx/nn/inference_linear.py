@@ -34,7 +34,11 @@ __all__ = ["MXInferenceLinear", "prepack_weights"]
 _EXTRA_STATE_VERSION = 1
 # prepack()'s copy of the weight (the stream layout, the fragment layout for MXFP4 or the piece
 # layout): its codes, its scales and the kernel's split-K counters.
-_FRAGMENT_BUFFERS = ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters")
+_PREPACKED_BUFFERS = ("weight_prepacked_codes", "weight_prepacked_scales",
+                      "weight_prepacked_counters")
+# Their earlier names, as layers pickled and state dicts saved by earlier versions hold them.
+_OLD_PREPACKED_BUFFERS = dict(zip(("weight_fragment_codes", "weight_fragment_scales",
+                                   "weight_fragment_counters"), _PREPACKED_BUFFERS))
 
 
 class _PackedLinearFunction(torch.autograd.Function):
@@ -162,19 +166,27 @@ class MXInferenceLinear(nn.Module):
 
     def _init_fragment(self) -> None:
         """No prepacked copy (prepack() adds one; it is not saved: rebuilt from the weight)."""
-        for name in _FRAGMENT_BUFFERS:
+        for name in _PREPACKED_BUFFERS:
             self.register_buffer(name, None, persistent=False)
         self._fragment_fold = True
         self._fragment_layout = None  # "stream", "fragment" or "piece"
         self._fragment_source = None  # what the copy was built from (`_weight_source`)
 
     def __setstate__(self, state):
+        buffers = state.get("_buffers", {})
+        non_persistent = state.get("_non_persistent_buffers_set", set())
+        for old, new in _OLD_PREPACKED_BUFFERS.items():  # pickled under the earlier names
+            if old in buffers:
+                buffers[new] = buffers.pop(old)
+            if old in non_persistent:
+                non_persistent.discard(old)
+                non_persistent.add(new)
         super().__setstate__(state)
         if "_fragment_source" not in self.__dict__:  # pickled before prepack() existed
             self._init_fragment()
         elif "_fragment_layout" not in self.__dict__:  # pickled before the stream layout
             fmt = self.qconfig.weights_config.elem_dtype
-            self._fragment_layout = (None if self.weight_fragment_codes is None else
+            self._fragment_layout = (None if self.weight_prepacked_codes is None else
                                      "fragment" if fmt == dtypes.float4_e2m1 else "piece")
         if self.prepacked:
             # Rebuilt from the weight, as forward would on its first eager call (the weight
@@ -182,6 +194,13 @@ class MXInferenceLinear(nn.Module):
             # stream layout's fp4 words changed) or suit another GPU, and a first call under
             # torch.compile would not check.
             self.prepack()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A prepacked copy saved under the earlier buffer names is dropped: the copy is never
+        # loaded, prepack() rebuilds it from the loaded weight.
+        for old in _OLD_PREPACKED_BUFFERS:
+            state_dict.pop(prefix + old, None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @classmethod
     def from_float(cls, linear: nn.Linear, qconfig: Optional[QLinearConfig] = None
@@ -294,8 +313,8 @@ class MXInferenceLinear(nn.Module):
             self._fragment_fold = fragment_layout.fold_scales(self.weight_scale)
         else:
             codes, scales = piece_layout.pack(self.weight_scale, self.weight_data, cfg.elem_dtype)
-        self.weight_fragment_codes, self.weight_fragment_scales = codes, scales
-        self.weight_fragment_counters = torch.zeros(
+        self.weight_prepacked_codes, self.weight_prepacked_scales = codes, scales
+        self.weight_prepacked_counters = torch.zeros(
             self.out_features // layout.CHUNK, dtype=torch.int32, device=codes.device)
         self._fragment_layout = _LAYOUT_NAMES[layout]
         self._fragment_source = self._weight_source()
@@ -311,7 +330,7 @@ class MXInferenceLinear(nn.Module):
     @property
     def prepacked(self) -> bool:
         """Whether prepack() added the prepacked copy."""
-        return self.weight_fragment_codes is not None
+        return self.weight_prepacked_codes is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y = F.linear(x quantized per activations_config, weight, bias) in x's dtype: the
@@ -324,12 +343,12 @@ class MXInferenceLinear(nn.Module):
         compiling = torch.compiler.is_compiling()
         source = None if compiling else self._weight_source()
         fragment = None
-        if self.weight_fragment_codes is not None:
+        if self.weight_prepacked_codes is not None:
             if not compiling and self._fragment_source != source:
                 self.prepack()  # the weight buffers were written or replaced since
-            fragment = (self._fragment_layout, self.weight_fragment_codes,
-                        self.weight_fragment_scales,
-                        self.weight_fragment_counters, self._fragment_fold,
+            fragment = (self._fragment_layout, self.weight_prepacked_codes,
+                        self.weight_prepacked_scales,
+                        self.weight_prepacked_counters, self._fragment_fold,
                         self.qconfig.weights_config.elem_dtype_name)
         if compiling:
             return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
@@ -399,9 +418,9 @@ class MXInferenceLinear(nn.Module):
             if (_stream_rows(x, self.weight_scale, cfg.elem_dtype, x.dtype) is not None
                     and (bias is None or tuple(bias.shape) == (self.out_features,))):
                 plans[key] = stream_matmul.StreamPlan(
-                    rows, self.weight_fragment_codes, self.weight_fragment_scales,
+                    rows, self.weight_prepacked_codes, self.weight_prepacked_scales,
                     self.weight_scale.contiguous(), self.weight_data.contiguous(),
-                    cfg.elem_dtype, bias is not None, x.dtype, self.weight_fragment_counters)
+                    cfg.elem_dtype, bias is not None, x.dtype, self.weight_prepacked_counters)
         plan = plans[key]
         if plan is None:
             return None
