@@ -46,8 +46,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
-from torchmx.kernels import byte_gemv, fragment_layout, fragment_matmul as fm, mma_linear  # noqa: E402
-from torchmx.kernels import matmul as km, mx_gemm, piece_layout  # noqa: E402
+from torchmx.kernels.linear import byte_gemv, fragment_matmul as fm, mma_linear  # noqa: E402
+from torchmx.kernels.layouts import fragment_layout  # noqa: E402
+from torchmx.kernels.linear import dispatch as km, mx_gemm  # noqa: E402
+from torchmx.kernels.layouts import piece_layout  # noqa: E402
 from torchmx.mx_ops import fragment_linear as fragment_op, piece_linear as piece_op  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
@@ -209,7 +211,7 @@ def time_configs(configs, run, x, ws, label):
 
 def fragment_configs(M):
     """Tiles of the fragment kernel worth timing for M activation rows (FragmentConfig)."""
-    block_m = km._block_m(M)
+    block_m = km.block_m_for(M)
     tiles = [(1, 2, 6, 4), (1, 2, 8, 4), (1, 2, 12, 4), (1, 4, 8, 4), (2, 2, 4, 4), (2, 2, 6, 4),
              (2, 2, 8, 4), (2, 2, 4, 8), (2, 2, 8, 8), (4, 2, 4, 8)]
     return [fm.FragmentConfig(block_m, v, u, split, warps, stages)
@@ -230,7 +232,7 @@ def fragment_sweep(Ms, N, K):
 
 
 def gemv_sweep(fmts, N, K):
-    """The tiles of the one-row kernel of one-byte codes (kernels/byte_gemv.py)."""
+    """The tiles of the one-row kernel of one-byte codes (kernels/linear/byte_gemv.py)."""
     configs = [byte_gemv.GemvConfig(bn, pieces, warps) for bn, pieces, warps in itertools.product(
         (1, 2, 4, 8), (128, 256, 512), (2, 4, 8))]
     for fmt in fmts:
@@ -247,7 +249,7 @@ def gemv_sweep(fmts, N, K):
 
 def mma_sweep(fmts, Ms, N, K):
     """The tiles of the tensor-core kernel for 2..64 rows of an MXFP8, MXFP6, MXFP4 or MXINT8
-    weight in the standard layout (kernels/mma_linear.py): 64 / 128-row tiles, 1-4 units of a
+    weight in the standard layout (kernels/linear/mma_linear.py): 64 / 128-row tiles, 1-4 units of a
     row a step (64-256 one-byte / 128-512 fp4 or fp6 codes), two steps ahead, 2-6 programs an
     SM, each without and with a register cap (128 up to 16 rows: 4 programs of 4 warps an SM;
     else 168: 3)."""
@@ -259,7 +261,7 @@ def mma_sweep(fmts, Ms, N, K):
             configs = []
             caps = (None, 128 if M <= 16 else 168)
             for v, u, per_sm, cap in itertools.product((1, 2), (1, 2, 4), (2, 3, 4, 6), caps):
-                split = max(1, min(K // (unit * u), round(per_sm * km._sm_count(x.device)
+                split = max(1, min(K // (unit * u), round(per_sm * km.sm_count(x.device)
                                                           / (N // (64 * v)))))
                 configs.append(mma_linear.MmaConfig(v, u, split, maxnreg=cap))
             default = mma_linear.default_config(fmt, M, N, K, 32, x.device)
@@ -420,7 +422,7 @@ MX_GEMM_SHAPES = list(itertools.product((2048, 4096, 8192), (1024, 4096, 8192, 1
 
 
 def mx_gemm_sweep(pairs, shapes=MX_GEMM_SHAPES, rounds=7):
-    """MX x MX products, interleaved: kernels/mx_gemm.py's GEMM (x decoded in its main loop, W
+    """MX x MX products, interleaved: kernels/linear/mx_gemm.py's GEMM (x decoded in its main loop, W
     dequantized in its order, inside the GEMM ahead of the tiles past the first wave: 'gemm';
     all of W first: 'W first') and the dequantize + cuBLAS path ('deq'), each against cuBLAS
     on the dequantized operands; 'preferred' is mx_gemm.preferred's choice (what F.linear

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import triton  # noqa: E402
 
 from torchmx import dtypes  # noqa: E402
-from torchmx.kernels import triton_backend as tb  # noqa: E402
+from torchmx.kernels.quantize import triton_backend as tb  # noqa: E402
 from torchmx.numerics import SCALE_MODES, dequantize_mx_reference, quantize_mx_reference  # noqa: E402
 from torchmx.numerics.packing import packed_length  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The stream kernel (kernels/stream_linear.py, Gluon) vs the kernels it replaces (issue #7).
+"""The stream kernel (kernels/linear/stream_matmul.py, Gluon) vs the kernels it replaces (issue #7).
 
     python benchmarks/bench_stream_linear.py        # needs an sm_90 GPU and Triton with Gluon
     python benchmarks/bench_stream_linear.py --formats float6_e2m3 --parts check,wave
@@ -10,7 +10,7 @@ against the exact product, bit for bit on operands whose sums are exact. Then, a
 8192, by CUDA-graph replays over 8 weight copies (microseconds per call):
 
 - the ring configurations (slots, sub-steps a slot) at 1, 16 and 64 rows: what
-  stream_linear._PREFERRED is chosen from;
+  stream_matmul._PREFERRED is chosen from;
 - per format and rows: the read-only floor of the weight's bytes (launched as usual and
   with PDL, reading before its wait: a floor no real kernel can reach), the stream kernel at
   its default config (PDL), the fragment (MXFP4) or piece (MXFP8, MXFP6, MXINT8) kernel (the prepacked
@@ -19,8 +19,8 @@ against the exact product, bit for bit on operands whose sums are exact. Then, a
   their time / the stream kernel's;
 - programmatic dependent launch (StreamConfig.pdl, .prefetch) against the usual launch, at
   1, 16 and 64 rows, back to back over the 8 copies and one call a graph (nothing to overlap);
-- the wave policy (stream_linear.fills_waves): the stream kernel (K split where the tiles are
-  few: stream_linear.split_k) against the kernel it would replace on Llama-3-8B's projections,
+- the wave policy (stream_matmul.fills_waves): the stream kernel (K split where the tiles are
+  few: stream_matmul.split_k) against the kernel it would replace on Llama-3-8B's projections,
   with the CTAs' fill of their waves and the policy's choice; for the split shapes also the
   kernel unsplit.
 """
@@ -41,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_gpu_matmul import (ROTATE, check, make_weights, prepacked_kernel_runs,  # noqa: E402
                               prepacked_linear, prepacked_parts, read_floor_us)
 from torchmx import MXTensor, dtypes  # noqa: E402
-from torchmx.kernels import stream_layout, stream_linear  # noqa: E402
+from torchmx.kernels.layouts import stream_layout  # noqa: E402
+from torchmx.kernels.linear import stream_matmul  # noqa: E402
 from torchmx.mx_ops import stream_linear as stream_op  # noqa: E402
 from _timing import graph_time_us, interleaved_us  # noqa: E402
 
@@ -67,7 +68,7 @@ def stream_op_call(x, w, p, bias=None):
 
 def kernel_call(x, w, p, bias=None, config=None):
     codes, scales, counters = p
-    return stream_linear.stream_linear(x, codes, scales, w._scale_e8m0, w._data, w.elem_dtype,
+    return stream_matmul.stream_linear(x, codes, scales, w._scale_e8m0, w._data, w.elem_dtype,
                                        bias, x.dtype, config, counters)
 
 
@@ -82,7 +83,7 @@ def check_all(formats):
             p = parts(w)
             check(kernel_call(x, w, p, b), x, w, b, f"stream {fmt.name} {M}x{N}x{K}")
             runs = (M in stream_op.STREAM_ROWS[fmt.codes_per_group]
-                    and stream_linear.fills_waves(fmt, N, K, x.device, M))
+                    and stream_matmul.fills_waves(fmt, N, K, x.device, M))
             assert stream_op.uses_stream_kernel(x, w._scale_e8m0, fmt, torch.bfloat16) == runs
             check(stream_op_call(x, w, p, b), x, w, b, f"op {fmt.name} {M}x{N}x{K}")
         g = torch.Generator(device="cuda").manual_seed(1)
@@ -105,14 +106,14 @@ def sweep(N, K, formats):
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             times = []
             for stages, sub in RINGS:
-                cfg = stream_linear.StreamConfig(stages, sub)
+                cfg = stream_matmul.StreamConfig(stages, sub)
                 try:
                     t = graph_time_us([lambda w=w, p=p: kernel_call(x, w, p, None, cfg)
                                        for w, p in zip(ws, ps)])
                 except ValueError:  # does not fit in shared memory at these rows
                     continue
                 times.append(f"({stages}, {sub}) {t:.1f}")
-            default = stream_linear.default_config(fmt, M, K)
+            default = stream_matmul.default_config(fmt, M, K)
             print(f"  {fmt.name:12s} M={M:<3d} default ({default.stages}, {default.sub}): "
                   + ", ".join(times))
         del ws, ps
@@ -162,7 +163,7 @@ def wave_policy(formats):
             ws = make_weights(fmt, N, K, ROTATE)
             ps = [parts(w) for w in ws]
             old = [prepacked_parts(w) for w in ws]
-            split = stream_linear.split_k(N, K, ws[0].device)
+            split = stream_matmul.split_k(N, K, ws[0].device)
             for M in rows:
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
                 name = "fragment" if fmt == dtypes.float4_e2m1 else "piece"
@@ -173,13 +174,13 @@ def wave_policy(formats):
                     "previous": [lambda w=w, p=p: prepacked_linear(x, w, p)
                                  for w, p in zip(ws, old)]}
                 if split > 1:
-                    unsplit = stream_linear.default_config(fmt, M, K)
+                    unsplit = stream_matmul.default_config(fmt, M, K)
                     variants["unsplit"] = [lambda w=w, p=p: kernel_call(x, w, p, None, unsplit)
                                            for w, p in zip(ws, ps)]
                 t = {k: statistics.median(v)
                      for k, v in interleaved_us(variants, rounds=11).items()}
-                fill = stream_linear.wave_fill(N, K, x.device)
-                takes = stream_linear.fills_waves(fmt, N, K, x.device, M)
+                fill = stream_matmul.wave_fill(N, K, x.device)
+                takes = stream_matmul.fills_waves(fmt, N, K, x.device, M)
                 unsplit_us = f"{t['unsplit']:8.1f}" if "unsplit" in t else f"{'-':>8s}"
                 print(f"{fmt.name:12s} {N:6d} {K:6d} {M:3d} {split:5d} {fill:5.2f} "
                       f"{t['stream']:7.1f} {unsplit_us} {name:>8s} {t['previous']:6.1f} "
@@ -187,7 +188,7 @@ def wave_policy(formats):
             del ws, ps, old
 
 
-PREFETCHES = (0, 2, 4, 8)  # stream_linear._PREFETCH: 4
+PREFETCHES = (0, 2, 4, 8)  # stream_matmul._PREFETCH: 4
 
 
 def overlap(N, K, formats):
@@ -197,7 +198,7 @@ def overlap(N, K, formats):
     print(f"\nprogrammatic dependent launch, N = K = {N} (interleaved rounds, median "
           f"microseconds a call; floors: the read-only kernel without / with PDL); "
           f"ratio = usual / PDL; 'L2 p': p sub-steps prefetched (default "
-          f"{stream_linear.StreamConfig(2, 1).prefetch}); 'alone': one call a graph, nothing "
+          f"{stream_matmul.StreamConfig(2, 1).prefetch}); 'alone': one call a graph, nothing "
           f"before or after it to overlap")
     print(f"{'format':12s} {'M':>3s} {'floor':>6s} {'PDL':>5s} {'usual':>6s}  "
           + "  ".join(f"{f'L2 {p}':>14s}" for p in PREFETCHES)
@@ -208,7 +209,7 @@ def overlap(N, K, formats):
         floors = read_floor_us(ws), read_floor_us(ws, pdl=True)
         for M in SWEEP_ROWS if fmt in ALL_ROWS else [16]:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            default = stream_linear.default_config(fmt, M, K, stream_linear.split_k(N, K,
+            default = stream_matmul.default_config(fmt, M, K, stream_matmul.split_k(N, K,
                                                                                      x.device))
             configs = {"usual": dataclasses.replace(default, pdl=False)}
             configs.update({f"L2 {p}": dataclasses.replace(default, prefetch=p)

@@ -12,7 +12,7 @@ the fused MX-weight kernel. With batch 2..64 a third model has its layers prepac
 (`torchmx.nn.prepack_weights`: the stream-layout kernel on Hopper with Gluon, else the
 fragment-layout one; its memory includes the
 second copy of the weights); on Hopper it is timed again with the stream kernel launched
-without programmatic dependent launch (stream_linear.USE_PDL False).
+without programmatic dependent launch (stream_matmul.USE_PDL False).
 """
 
 import argparse
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torchmx  # noqa: E402
 from torchmx.config import MXConfig, QLinearConfig  # noqa: E402
-from torchmx.kernels import stream_linear  # noqa: E402
+from torchmx.kernels.linear import stream_matmul  # noqa: E402
 from torchmx.quant_api import model_bytes  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
 
@@ -107,7 +107,7 @@ def run(layers=8, context=1024, batch=1):
         prepacked = copy.deepcopy(mx_model)
         torchmx.nn.prepack_weights(prepacked)
         models.append((PREPACKED, prepacked))
-        if stream_linear.usable_on(x.device):  # the stream kernel launched as usual too
+        if stream_matmul.usable_on(x.device):  # the stream kernel launched as usual too
             models.append((NO_PDL, prepacked))
     results, steps = {}, {}
     with torch.no_grad():
@@ -117,11 +117,11 @@ def run(layers=8, context=1024, batch=1):
             pdl = name != NO_PDL
 
             def step(compiled=compiled, pdl=pdl):
-                stream_linear.USE_PDL = pdl  # read by the stream op as the graph is captured
+                stream_matmul.USE_PDL = pdl  # read by the stream op as the graph is captured
                 try:
                     return compiled(x, *caches, cos, sin)
                 finally:
-                    stream_linear.USE_PDL = True
+                    stream_matmul.USE_PDL = True
 
             out = step()
             steps[name] = [step]

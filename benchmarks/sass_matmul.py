@@ -23,9 +23,9 @@ import torch  # noqa: E402
 
 from sass_tools import compile_sm90 as compile_kernel, instructions, opcode  # noqa: E402
 from torchmx import dtypes  # noqa: E402
-from torchmx.kernels import byte_gemv, mma_linear  # noqa: E402
-from torchmx.kernels import matmul as km  # noqa: E402
-from torchmx.kernels import matmul_kernels as mk  # noqa: E402
+from torchmx.kernels.linear import byte_gemv, mma_linear  # noqa: E402
+from torchmx.kernels.linear import dispatch as km  # noqa: E402
+from torchmx.kernels.linear import matmul_kernels as mk  # noqa: E402
 
 CASES = [  # (format, FAST, variant): at the default tiles
     (dtypes.float4_e2m1, 5, km.ROWS),
@@ -45,7 +45,7 @@ def compile_sm90(fmt, fast, variant, nb, block_n, num_warps=4):
                      NB=1 if variant == km.BLOCK_DOTS else nb, VARIANT=variant, SPLIT=True,
                      EVEN=True, HAS_BIAS=False, INTERPRETER=False, FAST=fast,
                      WORDS=variant == km.ROWS and (fast == 5 or fmt.codes_per_group == 4),
-                     **km._format_constants(fmt), **{name: 1 for name in UNIT_STRIDES})
+                     **km.packed_decode_constants(fmt), **{name: 1 for name in UNIT_STRIDES})
     pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": "*bf16",
                 "out_ptr": "*bf16", "ws_ptr": "*fp32"}
     return compile_kernel(mk.mx_weight_matmul_kernel, constants, pointers, DIVISIBLE,
@@ -89,7 +89,7 @@ def byte_gemv_per_code(fmt):
     cfg = byte_gemv.TILE
     constants = dict(BLOCK=32, BLOCK_N=cfg.block_n, PIECES=cfg.pieces, SPLIT=1, X_FP16=False,
                      EVEN_N=True, EVEN_K=True, HAS_BIAS=False, INTERPRETER=False, stride_sk=1,
-                     **km._format_constants(fmt))
+                     **km.packed_decode_constants(fmt))
     pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": "*bf16",
                 "out_ptr": "*bf16", "partials_ptr": "*fp32"}
     kernel = compile_kernel(byte_gemv.byte_gemv_kernel, constants, pointers,
@@ -106,7 +106,7 @@ def mma_per_code(fmt):
     low, high = mma_linear.FAST_SCALES[fmt]
     constants = dict(BLOCK=32, BLOCK_M=16, V=cfg.v, U=cfg.u, SPLIT=2, AHEAD=cfg.ahead,
                      HAS_BIAS=False, E5M2=fmt == dtypes.float8_e5m2, S_MIN=low, S_MAX=high,
-                     INTERPRETER=False, stride_sk=1, PIECES=False, **km._format_constants(fmt),
+                     INTERPRETER=False, stride_sk=1, PIECES=False, **km.packed_decode_constants(fmt),
                      **mma_linear._unit_constants(fmt))
     pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "pieces_ptr": "*u8",
                 "piece_scales_ptr": "*u8", "counters_ptr": "*i32", "bias_ptr": "*bf16",

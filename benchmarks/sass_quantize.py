@@ -18,9 +18,9 @@ import torch  # noqa: E402
 
 from sass_tools import compile_sm90, instructions, resources  # noqa: E402
 from torchmx import dtypes  # noqa: E402
-from torchmx.kernels import _tl_quantize as tq  # noqa: E402
-from torchmx.kernels import _tl_quantize_pairs as qp  # noqa: E402
-from torchmx.kernels import triton_backend as tb  # noqa: E402
+from torchmx.kernels.quantize import _tl_quantize as tq  # noqa: E402
+from torchmx.kernels.quantize import _tl_quantize_pairs as qp  # noqa: E402
+from torchmx.kernels.quantize import triton_backend as tb  # noqa: E402
 from torchmx.numerics.modes import Rounding, ScaleMode  # noqa: E402
 
 BLOCK = 32

@@ -24,7 +24,8 @@ import torch
 import triton
 
 from torchmx import dtypes
-from torchmx.kernels import mx_gemm, stream_layout, stream_linear
+from torchmx.kernels.linear import mx_gemm, stream_matmul
+from torchmx.kernels.layouts import stream_layout
 
 
 def _specialization(value):
@@ -88,7 +89,7 @@ def _stream_launch(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool,
     w_data = torch.zeros(N, K * fmt.bytes_per_group // fmt.codes_per_group, dtype=torch.uint8)
     w_scale = torch.zeros(N, K // 32, dtype=torch.uint8)
     out = torch.zeros(M, N, dtype=out_dtype)
-    _, arguments, constants = stream_linear.kernel_arguments(
+    _, arguments, constants = stream_matmul.kernel_arguments(
         x, codes, scales, w_scale, w_data, fmt, out[0] if bias else None, out, config)
     return arguments, constants
 
@@ -97,7 +98,7 @@ def compile_sm90(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool = True,
                  out_dtype: torch.dtype = torch.bfloat16, config=None) -> Tuple[str, bytes]:
     """(ptxas -v output, cubin) of stream_linear_kernel as stream_linear would launch it for
     x [M, K] and a weight [N, K] (config None: its default)."""
-    from torchmx.kernels._gl_stream import stream_linear_kernel
+    from torchmx.kernels.linear._gl_stream import stream_linear_kernel
     return _compile(stream_linear_kernel,
                     *_stream_launch(fmt, M, N, K, bias, out_dtype, config))
 
@@ -105,8 +106,8 @@ def compile_sm90(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool = True,
 def stream_launch_control(fmt: dtypes.DType, M: int, N: int, K: int, pdl: bool) -> List[str]:
     """The PTX lines of stream_linear_kernel (default config, with or without PDL) that control
     its launch or prefetch into L2 (griddepcontrol, cp.async.bulk.prefetch), in order."""
-    from torchmx.kernels._gl_stream import stream_linear_kernel
-    config = dataclasses.replace(stream_linear.default_config(fmt, M, K), pdl=pdl)
+    from torchmx.kernels.linear._gl_stream import stream_linear_kernel
+    config = dataclasses.replace(stream_matmul.default_config(fmt, M, K), pdl=pdl)
     ptx = _compiled(stream_linear_kernel, *_stream_launch(fmt, M, N, K, False, torch.bfloat16,
                                                           config)).asm["ptx"]
     return [line.strip() for line in ptx.splitlines()
@@ -122,7 +123,7 @@ def compile_mx_gemm_sm90(x_fmt: dtypes.DType, w_fmt: dtypes.DType, M: int, N: in
                          K: int) -> Tuple[str, bytes]:
     """(ptxas -v output, cubin) of mx_gemm_kernel as mx_gemm launches it for MX x [M, K] and
     W [N, K], built from CPU tensors."""
-    from torchmx.kernels._gl_mx_gemm import mx_gemm_kernel
+    from torchmx.kernels.linear._gl_mx_gemm import mx_gemm_kernel
     x_data, x_scale = _mx_parts(x_fmt, M, K)
     w_data, w_scale = _mx_parts(w_fmt, N, K)
     w = torch.zeros(N, K, dtype=torch.bfloat16)
@@ -136,7 +137,7 @@ def compile_mx_gemm_sm90(x_fmt: dtypes.DType, w_fmt: dtypes.DType, M: int, N: in
 
 def compile_dequantize_sm90(w_fmt: dtypes.DType, N: int, K: int) -> Tuple[str, bytes]:
     """(ptxas -v output, cubin) of permuted_dequantize_kernel for a weight [N, K]."""
-    from torchmx.kernels._gl_mx_gemm import permuted_dequantize_kernel
+    from torchmx.kernels.linear._gl_mx_gemm import permuted_dequantize_kernel
     w_data, w_scale = _mx_parts(w_fmt, N, K)
     out = torch.zeros(N, K, dtype=torch.bfloat16)
     _, arguments, constants = mx_gemm.dequantize_arguments(w_data, w_scale, w_fmt, out)

@@ -221,8 +221,8 @@ def main(argv):
     count, layouts = sweep_prepacked(gen)
     print(f"prepacked cases: {count}, layouts: {', '.join(layouts) or 'none'}", flush=True)
     if DEVICE == "cuda":
-        from torchmx.kernels import stream_linear
-        if stream_linear.usable_on(torch.device("cuda")) and "stream" not in layouts:
+        from torchmx.kernels.linear import stream_matmul
+        if stream_matmul.usable_on(torch.device("cuda")) and "stream" not in layouts:
             raise AssertionError("the stream layout is usable on this GPU but no case reached it")
     if DEVICE == "cuda":
         torch.cuda.synchronize()

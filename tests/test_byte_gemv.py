@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor
-from torchmx.kernels import byte_gemv, matmul as km
+from torchmx.kernels.linear import byte_gemv, dispatch as km
 from torchmx.mx_ops import weight_matmul
 
 from covering import all_pairs
@@ -207,7 +207,7 @@ def test_bad_calls_name_the_problem():
 
 
 def test_default_config_splits_k_only_for_few_rows():
-    cpu = torch.device("cpu")  # km._sm_count: 8 "SMs", so 24 programs are enough
+    cpu = torch.device("cpu")  # _common.sm_count: 8 "SMs", so 24 programs are enough
     step = 16 * byte_gemv.TILE.pieces
     assert byte_gemv.default_config(8192, 8192, cpu).split_k == 1
     assert byte_gemv.default_config(16, 4 * step, cpu).split_k == 4  # 8 row tiles

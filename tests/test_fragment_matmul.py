@@ -1,5 +1,5 @@
-"""The fragment layout of MXFP4 weights (kernels/fragment_layout.py), its Hopper kernel
-(kernels/fragment_matmul.py) and the op that dispatches to it (mx_ops/fragment_linear.py);
+"""The fragment layout of MXFP4 weights (kernels/layouts/fragment_layout.py), its Hopper kernel
+(kernels/linear/fragment_matmul.py) and the op that dispatches to it (mx_ops/fragment_linear.py);
 MXInferenceLinear.prepack() is tested in test_prepack.py.
 
 On CPU the kernel runs under Triton's interpreter with the same bit program written in plain
@@ -16,8 +16,8 @@ import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
-from torchmx.kernels import fragment_layout as fl
-from torchmx.kernels import fragment_matmul as fm
+from torchmx.kernels.layouts import fragment_layout as fl
+from torchmx.kernels.linear import fragment_matmul as fm
 from torchmx.mx_ops import fragment_linear as fop
 from torchmx.mx_ops import weight_matmul
 from torchmx.numerics import decode

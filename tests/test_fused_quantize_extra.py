@@ -1,5 +1,5 @@
 """The fused row-wise + column-wise quantize pass (triton_backend.quantize_rowwise_colwise) on
-inputs aimed at its element encode with round half to even (_tl_quantize._codes_rne): every
+inputs aimed at its element encode with round half to even (_tl_quantize.codes_rne): every
 bf16 and fp16 value below the format's top binade next to a fixed block maximum, fp32 values a
 few ulps around every rounding midpoint and binade edge, NaN / Inf blocks with negative
 elements, and extreme scales (underflowing y, subnormal block maxima). Both copies are
@@ -13,7 +13,7 @@ import torch
 
 from formats import FORMATS, SCALE_MODES, bit_view
 from torchmx import dtypes
-from torchmx.kernels import triton_backend as tb
+from torchmx.kernels.quantize import triton_backend as tb
 from torchmx.numerics import quantize_mx_reference
 
 GPU = torch.cuda.is_available()  # else tests/conftest.py runs Triton's interpreter

@@ -82,7 +82,7 @@ def test_stream_plan_is_the_operator(fmt, bias):
     """A prepacked layer's eager call through its StreamPlan (the weight's descriptors built
     once, the compiled kernel called directly) gives the operator's bits, call after call,
     for every row count, and never synchronizes."""
-    from torchmx.kernels import stream_linear
+    from torchmx.kernels.linear import stream_matmul
     from torchmx.nn import inference_linear
     torch.manual_seed(4)
     linear = torch.nn.Linear(1024, 4096, bias=bias, device="cuda", dtype=torch.bfloat16)
@@ -95,14 +95,14 @@ def test_stream_plan_is_the_operator(fmt, bias):
     for rows, offset in [(1, 0), (2, 0), (16, 0), (16, 8), (64, 0), (1, 0), (16, 0)]:
         x = base[offset:offset + rows * 1024].view(1, rows, 1024)
         expected = torch.ops.torchmx.mx_stream_linear(
-            x, layer.weight_fragment_codes, layer.weight_fragment_scales,
-            layer.weight_fragment_counters, layer.weight_scale, layer.weight_data, fmt, 1024, b,
+            x, layer.weight_prepacked_codes, layer.weight_prepacked_scales,
+            layer.weight_prepacked_counters, layer.weight_scale, layer.weight_data, fmt, 1024, b,
             x.dtype)
         with torch.no_grad(), no_host_sync():
             got = layer(x)
         assert torch.equal(got, expected), (rows, offset)
     plans = inference_linear._STREAM_PLANS[layer][1]
-    assert any(isinstance(p, stream_linear.StreamPlan) for p in plans.values())
+    assert any(isinstance(p, stream_matmul.StreamPlan) for p in plans.values())
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -148,8 +148,9 @@ def test_launch_keys_refine_tritons(monkeypatch):
     and so do all the calls of one prepared `Launch` (a linear's plan)."""
     from triton.runtime.jit import compute_cache_key
 
-    from torchmx.kernels import _launch, fragment_matmul
-    from torchmx.kernels import triton_backend
+    from torchmx.kernels import _launch
+    from torchmx.kernels.linear import fragment_matmul
+    from torchmx.kernels.quantize import triton_backend
 
     triton_keys = {}
     plan_keys = {}

@@ -33,7 +33,7 @@ def test_floats_share_one_key_and_others_are_keyed_by_value():
 
 
 def test_linear_plans_are_made_once_per_kind_of_product(monkeypatch):
-    """kernels/matmul.linear makes one plan per key (shapes, strides, alignments, dtypes, bias
+    """kernels/linear/dispatch.linear makes one plan per key (shapes, strides, alignments, dtypes, bias
     or none) and reuses it: the same product again, or another weight of the same shape, adds
     none; a bias adds one. Every result is the exact product's bits."""
     import torch.nn.functional as F
@@ -41,12 +41,12 @@ def test_linear_plans_are_made_once_per_kind_of_product(monkeypatch):
     import torchmx
     from matmul_operands import integer_operands, reference
     from torchmx.config import MXConfig, QLinearConfig
-    from torchmx.kernels import matmul
+    from torchmx.kernels.linear import dispatch
     from torchmx.mx_ops import weight_matmul
     from torchmx.nn import inference_linear
 
     monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
-    monkeypatch.setattr(matmul, "_PLANS", {})
+    monkeypatch.setattr(dispatch, "_PLANS", {})
     x, w = integer_operands("float8_e4m3", 1, 16, 32)
     _, w2 = integer_operands("float8_e4m3", 1, 16, 32, seed=1)
     bias = torch.arange(16, dtype=torch.bfloat16) / 4
@@ -54,7 +54,7 @@ def test_linear_plans_are_made_once_per_kind_of_product(monkeypatch):
         with torch.no_grad():
             got = F.linear(a, weight, b)
         assert torch.equal(got, reference(a, weight, b))
-        assert len(matmul._PLANS) == plans
+        assert len(dispatch._PLANS) == plans
     # an MXInferenceLinear keeps its weight's plans, keyed by the input alone
     linear = torch.nn.Linear(32, 16, bias=False, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -64,4 +64,4 @@ def test_linear_plans_are_made_once_per_kind_of_product(monkeypatch):
         with torch.no_grad():
             assert torch.equal(layer(x), reference(x, layer.weight))
     (_, _, (*_, own_plans)), = inference_linear._WEIGHT_VIEWS[layer].values()
-    assert len(own_plans) == 1 and len(matmul._PLANS) == 2
+    assert len(own_plans) == 1 and len(dispatch._PLANS) == 2

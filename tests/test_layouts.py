@@ -1,4 +1,4 @@
-"""Vendor scale / data layouts (torchmx/kernels/layouts.py): each exporter puts every byte where
+"""Vendor scale / data layouts (torchmx/kernels/layouts/vendor.py): each exporter puts every byte where
 the layout's definition says, pads with zeros, and its inverse restores the input exactly."""
 
 import itertools

@@ -1,5 +1,5 @@
 """The tensor-core kernel for 2..64 activation rows times an MXFP8, MXFP6, MXFP4 or MXINT8 weight
-in the standard layout (torchmx/kernels/mma_linear.py) and its dispatch from fused_linear.
+in the standard layout (torchmx/kernels/linear/mma_linear.py) and its dispatch from fused_linear.
 
 On CPU it runs under Triton's interpreter (conftest sets it): tl.loads, the exact fp32 decode
 times the kernel's own multipliers (so the same pieces are poisoned and the same programs take
@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
-from torchmx.kernels import mma_linear, matmul as km, piece_layout
+from torchmx.kernels.linear import mma_linear, dispatch as km
+from torchmx.kernels.layouts import piece_layout
 from torchmx.mx_ops import weight_matmul
 
 from covering import all_pairs
@@ -261,7 +262,7 @@ def test_bad_calls_name_the_problem():
 
 
 def test_default_config():
-    cpu = torch.device("cpu")  # km._sm_count: 8 "SMs"
+    cpu = torch.device("cpu")  # _common.sm_count: 8 "SMs"
     e4m3, e2m1 = dtypes.float8_e4m3, dtypes.float4_e2m1
 
     def default(fmt, M, N, K, block_size=32):

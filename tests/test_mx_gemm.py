@@ -1,4 +1,4 @@
-"""kernels/mx_gemm.py: MX x MX products through a GEMM that decodes the activation's codes.
+"""kernels/linear/mx_gemm.py: MX x MX products through a GEMM that decodes the activation's codes.
 
 On the CPU: the K order the kernels share, the exact fix-up kernel (under Triton's
 interpreter, bit for bit), the policy and eligibility rules, the custom op's fallback, and
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from torchmx import MXTensor, dtypes
-from torchmx.kernels import mx_gemm
-from torchmx.kernels.mma_linear import FAST_SCALES
+from torchmx.kernels.linear import mx_gemm
+from torchmx.kernels.linear.mma_linear import FAST_SCALES
 
 from matmul_operands import DEVICE, integer_operands
 
@@ -102,7 +102,7 @@ def test_preferred_follows_the_measured_shapes(monkeypatch):
     """benchmarks/bench_gpu_matmul.py --mx-gemm on an H100 (132 SMs): any pair of MXFP4, e4m3
     and e5m2, from 2048 rows with 90% of the SMs' tiles filled; never with MXINT8."""
     cuda = torch.device("cuda")
-    monkeypatch.setattr(mx_gemm, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(mx_gemm, "sm_count", lambda device: 132)
     table = {(f.name, M, N): mx_gemm.preferred(f, f, M, N, cuda)
              for f in (E2M1, E4M3, dtypes.int8) for M in (1024, 2048, 8192)
              for N in (1024, 4096, 14336)}

@@ -1,4 +1,4 @@
-"""The large-M path of the MX-weight matmul (torchmx/kernels/matmul.py, `dequantized_linear`):
+"""The large-M path of the MX-weight matmul (torchmx/kernels/linear/dispatch.py, `dequantized_linear`):
 for large bf16 products without bias (the PIPELINE_* thresholds) the weight is dequantized in
 chunks of output columns on a side stream, one GEMM per chunk over all of K.
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from torchmx import MXTensor
-from torchmx.kernels import matmul as km
+from torchmx.kernels.linear import dispatch as km
 
 from matmul_operands import (DEVICE, assert_within_fp32_accumulation, integer_operands,
                              reference)

@@ -1,4 +1,4 @@
-"""The MX-weight matmul kernels (torchmx/kernels/matmul.py) and their dispatch from MXTensor.
+"""The MX-weight matmul kernels (torchmx/kernels/linear/dispatch.py) and their dispatch from MXTensor.
 
 On CPU the Triton kernels run under the interpreter on small shapes (conftest sets it); on a
 CUDA machine the same tests run on the GPU, plus real sizes and the large-M cuBLAS path.
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from torchmx import MXTensor, dtypes
 from torchmx.mx_tensor import MXLayoutWarning, reset_layout_warning
-from torchmx.kernels import matmul as km
+from torchmx.kernels.linear import dispatch as km
 from torchmx.mx_ops import weight_matmul
 
 from covering import all_pairs

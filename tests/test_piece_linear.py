@@ -1,4 +1,4 @@
-"""The piece layout (kernels/piece_layout.py), mma_linear reading it (with the split-K sum in the
+"""The piece layout (kernels/layouts/piece_layout.py), mma_linear reading it (with the split-K sum in the
 kernel; exactness on any tile is test_mma_linear.py's property test, which draws both layouts)
 and the op that dispatches to it (mx_ops/piece_linear.py).
 
@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
-from torchmx.kernels import mma_linear, piece_layout as pl
+from torchmx.kernels.linear import mma_linear
+from torchmx.kernels.layouts import piece_layout as pl
 from torchmx.mx_ops import piece_linear as pop
 from torchmx.mx_ops import weight_matmul
 
@@ -240,7 +241,7 @@ def test_op_dispatch_by_rows_format_and_dtype():
 def test_weights_past_32_bit_offsets_take_the_standard_path(monkeypatch):
     """The kernel indexes in 32 bits: a weight of 2 GiB or more (faked here) is not given to
     it, and the op still gives the product."""
-    from torchmx.kernels import matmul as km
+    from torchmx.kernels.linear import dispatch as km
     x, w = integer_operands("float8_e4m3", 4, 64, 128)
     assert pop.uses_piece_kernel(x, w._scale_e8m0, w._data, w.elem_dtype) == (not CUDA or HOPPER)
     monkeypatch.setattr(km, "_int32_offsets", lambda *args: False)

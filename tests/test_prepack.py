@@ -16,8 +16,8 @@ import torch
 
 from torchmx import dtypes
 from torchmx.config import MXConfig, QLinearConfig
-from torchmx.kernels import (fragment_layout as fl, piece_layout as pl, stream_layout as sl,
-                             stream_linear)
+from torchmx.kernels.layouts import fragment_layout as fl, piece_layout as pl, stream_layout as sl
+from torchmx.kernels.linear import stream_matmul
 from torchmx.mx_ops import weight_matmul
 from torchmx.nn import MXInferenceLinear, inference_linear, prepack_weights
 
@@ -35,8 +35,8 @@ def stream_copies(request, monkeypatch):
     default for weights that fill the GPU's waves; on the CPU it does not)."""
     monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda *_: request.param)
     # the kernel's wave policy would send these small layers to the usual path
-    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0, 4: 0.0})
-    monkeypatch.setattr(stream_linear, "ONE_ROW_MIN_FILL", 0.0)
+    monkeypatch.setattr(stream_matmul, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0, 4: 0.0})
+    monkeypatch.setattr(stream_matmul, "ONE_ROW_MIN_FILL", 0.0)
     return request.param
 
 
@@ -68,7 +68,7 @@ def _layer(N=128, K=256, bias=True, fmt="float4_e2m1", block_size=32, activation
 def _unpacked(layer):
     """(scale, data) rebuilt from the layer's prepacked copy."""
     fmt = layer.qconfig.weights_config.elem_dtype
-    codes, scales = layer.weight_fragment_codes, layer.weight_fragment_scales
+    codes, scales = layer.weight_prepacked_codes, layer.weight_prepacked_scales
     N, K = layer.out_features, layer.in_features
     if layer._fragment_layout == "stream":
         return sl.unpack(codes, scales, fmt, N, K)
@@ -99,9 +99,9 @@ def test_the_copy_is_the_weight_in_its_layout(fmt, stream_copies):
     assert layer._fragment_layout == expected
     s, d = _unpacked(layer)
     assert torch.equal(s, layer.weight_scale) and torch.equal(d, layer.weight_data)
-    extra = layer.weight_fragment_codes.numel() - layer.weight_data.numel()
-    assert layer.weight_fragment_counters.shape == (2,) and not layer.weight_fragment_counters.any()
-    assert layer.weight_fragment_counters.dtype == torch.int32
+    extra = layer.weight_prepacked_codes.numel() - layer.weight_data.numel()
+    assert layer.weight_prepacked_counters.shape == (2,) and not layer.weight_prepacked_counters.any()
+    assert layer.weight_prepacked_counters.dtype == torch.int32
     assert extra == (fl.PAD_CODE_BYTES if expected == "fragment" else 0)
 
 
@@ -123,7 +123,7 @@ def test_prepack_is_not_saved_and_is_rebuilt_on_load(fmt):
     needs_kernel()
     layer = _layer(fmt=fmt).prepack()
     state = layer.state_dict()
-    assert not any("fragment" in k for k in state)
+    assert not any("prepacked" in k or "fragment" in k for k in state)
     other = _layer(fmt=fmt, seed=1)
     layer.load_state_dict(other.state_dict())
     assert layer.prepacked
@@ -155,7 +155,7 @@ def test_prepacked_layer_pickles_and_moves(fmt, tmp_path):
     for other in (torch.load(path, weights_only=False), copy.deepcopy(layer),
                   copy.deepcopy(layer).to("cpu")):
         assert other.prepacked
-        assert torch.equal(other.weight_fragment_codes.cpu(), layer.weight_fragment_codes.cpu())
+        assert torch.equal(other.weight_prepacked_codes.cpu(), layer.weight_prepacked_codes.cpu())
         x = torch.randint(-4, 5, (3, 256)).to(torch.bfloat16).to(other.weight_data.device)
         if not CUDA or HOPPER:
             torch.testing.assert_close(other(x).cpu(), layer(x.to(DEVICE)).cpu(), rtol=0, atol=0)
@@ -167,15 +167,15 @@ def test_a_pickled_copy_is_rebuilt_from_the_weight(fmt):
     changed) must not reach the kernels, not even under torch.compile, which skips forward's
     check: unpickling rebuilds the copy."""
     layer = _layer(fmt=fmt).prepack()
-    expected = layer.weight_fragment_codes.clone()
+    expected = layer.weight_prepacked_codes.clone()
     state = copy.deepcopy(layer).__getstate__()
-    state["_buffers"]["weight_fragment_codes"] = torch.zeros_like(expected)  # a stale copy
+    state["_buffers"]["weight_prepacked_codes"] = torch.zeros_like(expected)  # a stale copy
     loaded = MXInferenceLinear.__new__(MXInferenceLinear)
     loaded.__setstate__(state)
     assert loaded.prepacked and loaded._fragment_layout == layer._fragment_layout
-    assert torch.equal(loaded.weight_fragment_codes, expected)
+    assert torch.equal(loaded.weight_prepacked_codes, expected)
     assert loaded._fragment_source == loaded._weight_source()
-    assert torch.equal(layer.weight_fragment_codes, expected)  # the original is untouched
+    assert torch.equal(layer.weight_prepacked_codes, expected)  # the original is untouched
 
 
 def test_layers_pickled_before_prepack_existed_load():
@@ -183,7 +183,7 @@ def test_layers_pickled_before_prepack_existed_load():
     state = layer.__getstate__()
     for name in ("_fragment_fold", "_fragment_layout", "_fragment_source"):
         state.pop(name)
-    for name in ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters"):
+    for name in ("weight_prepacked_codes", "weight_prepacked_scales", "weight_prepacked_counters"):
         state["_buffers"].pop(name)
         state["_non_persistent_buffers_set"].discard(name)
     old = MXInferenceLinear.__new__(MXInferenceLinear)
@@ -191,6 +191,52 @@ def test_layers_pickled_before_prepack_existed_load():
     assert not old.prepacked and "prepacked" not in repr(old)
     x = torch.randint(-4, 5, (2, 256)).to(torch.bfloat16).to(DEVICE)
     torch.testing.assert_close(old(x), layer(x), rtol=0, atol=0)
+
+
+OLD_BUFFER_NAMES = {"weight_fragment_codes": "weight_prepacked_codes",
+                    "weight_fragment_scales": "weight_prepacked_scales",
+                    "weight_fragment_counters": "weight_prepacked_counters"}
+
+
+def test_layers_pickled_with_the_old_buffer_names_load():
+    """Layers pickled when the prepacked copy's buffers were named weight_fragment_*: the copy
+    comes back under weight_prepacked_*, rebuilt from the weight, bit for bit."""
+    needs_kernel()
+    layer = _layer(fmt="float8_e4m3").prepack()
+    state = copy.deepcopy(layer).__getstate__()
+    for old, new in OLD_BUFFER_NAMES.items():
+        state["_buffers"][old] = state["_buffers"].pop(new)
+        state["_non_persistent_buffers_set"].discard(new)
+        state["_non_persistent_buffers_set"].add(old)
+    loaded = MXInferenceLinear.__new__(MXInferenceLinear)
+    loaded.__setstate__(state)
+    assert loaded.prepacked and not any(old in loaded._buffers for old in OLD_BUFFER_NAMES)
+    for new in OLD_BUFFER_NAMES.values():
+        assert torch.equal(getattr(loaded, new), getattr(layer, new))
+        assert new in loaded._non_persistent_buffers_set
+    x = torch.randint(-4, 5, (4, 256)).to(torch.bfloat16).to(DEVICE)
+    assert torch.equal(loaded(x).view(torch.int16), layer(x).view(torch.int16))
+
+
+def test_state_dicts_with_the_old_buffer_names_load_strictly(monkeypatch):
+    """A state dict that holds a prepacked copy under the old names loads with strict=True:
+    the saved copy is dropped and rebuilt from the loaded weight."""
+    needs_kernel()
+    source = _layer(fmt="float8_e4m3", seed=1).prepack()
+    old_state = dict(source.state_dict())
+    for old, new in OLD_BUFFER_NAMES.items():
+        old_state[old] = torch.zeros_like(getattr(source, new))  # a stale copy
+    layer = _layer(fmt="float8_e4m3").prepack()
+    layer.load_state_dict(old_state, strict=True)
+    for new in OLD_BUFFER_NAMES.values():
+        assert torch.equal(getattr(layer, new), getattr(source, new))
+    x = torch.randint(-4, 5, (4, 256)).to(torch.bfloat16).to(DEVICE)
+    assert torch.equal(layer(x).view(torch.int16), source(x).view(torch.int16))
+    # without the layer's hook the old keys are unexpected
+    monkeypatch.setattr(MXInferenceLinear, "_load_from_state_dict",
+                        torch.nn.Module._load_from_state_dict)
+    with pytest.raises(RuntimeError, match="weight_fragment_codes"):
+        _layer(fmt="float8_e4m3").load_state_dict(old_state, strict=True)
 
 
 @pytest.mark.parametrize("fmt", ["float4_e2m1", "float6_e3m2"])
@@ -264,8 +310,8 @@ def test_prepack_makes_stream_copies_on_hopper_for_weights_that_fill_the_waves(m
     monkeypatch.undo()
     if CUDA and not HOPPER:
         pytest.skip("the policy is for sm_90")
-    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: 2)
-    expected = HOPPER and stream_linear.available()
+    monkeypatch.setattr(stream_matmul, "sm_count", lambda device: 2)
+    expected = HOPPER and stream_matmul.available()
     fp4, fp8, here = dtypes.float4_e2m1, dtypes.float8_e4m3, torch.device(DEVICE)
     assert inference_linear._stream_layout_wanted(fp8, 128, 256, here) is expected
     assert not inference_linear._stream_layout_wanted(fp4, 192, 256, here)  # 3 tiles of 4

@@ -1,8 +1,8 @@
-"""The quantize kernels on bf16 pairs (kernels/_tl_quantize_pairs.py): blocks along the last
+"""The quantize kernels on bf16 pairs (kernels/quantize/_tl_quantize_pairs.py): blocks along the last
 dim, and the fused row + column pass.
 
 Their encode runs as inline PTX, which Triton's interpreter cannot run: on CPU the kernels
-encode with _tl_quantize._codes_rne instead, and the PTX text is checked here by an emulator
+encode with _tl_quantize.codes_rne instead, and the PTX text is checked here by an emulator
 (tests/ptx_emulator.py) against the reference for every bf16 value and every scale byte. On a
 GPU the same tests run the real kernels. The bf16 tests of test_triton_quantize.py and
 test_fused_quantize_extra.py reach these kernels too.
@@ -16,8 +16,8 @@ import triton.language as tl
 from formats import SCALE_MODES, wide_range_input
 from ptx_emulator import run_ptx
 from torchmx import dtypes
-from torchmx.kernels import _tl_quantize_pairs as qp
-from torchmx.kernels import triton_backend as tb
+from torchmx.kernels.quantize import _tl_quantize_pairs as qp
+from torchmx.kernels.quantize import triton_backend as tb
 from torchmx.numerics import quantize_mx_reference
 from torchmx.numerics.elements import encode
 
@@ -228,7 +228,7 @@ def test_gpus_before_sm90_take_the_element_kernel(kind, half, monkeypatch):
     view = tb._view_cols(x, 0)
     fmt = dtypes.float4_e2m1
     assert tb._pairs_apply(*view, fmt, "even", kind) == (not GPU or PAIRS_RUN)
-    monkeypatch.setattr(tb, "_interpreting", lambda: False)
+    monkeypatch.setattr(tb, "interpreting", lambda: False)
     monkeypatch.setattr(tb, "device_capability", lambda device: (8, 0))
     assert not tb._pairs_apply(*view, fmt, "even", kind)
     monkeypatch.setattr(tb, "device_capability", lambda device: (9, 0))

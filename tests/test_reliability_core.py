@@ -50,7 +50,7 @@ def _triton_backend():
     pytest.importorskip("triton")
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("no GPU and Triton's interpreter is off (TRITON_INTERPRET)")
-    from torchmx.kernels import triton_backend
+    from torchmx.kernels.quantize import triton_backend
     return triton_backend, "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -1,5 +1,5 @@
-"""The stream layout (kernels/stream_layout.py), the Gluon kernel that reads it
-(kernels/stream_linear.py) and the op torch.ops.torchmx.mx_stream_linear.
+"""The stream layout (kernels/layouts/stream_layout.py), the Gluon kernel that reads it
+(kernels/linear/stream_matmul.py) and the op torch.ops.torchmx.mx_stream_linear.
 
 Gluon kernels do not run under Triton's interpreter. On the CPU: the layout bit for bit, the
 configs, the kernel compiled for sm_90 (ptxas keeps its wgmmas asynchronous and spills
@@ -15,8 +15,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
-from torchmx.kernels import stream_layout as sl, stream_linear
-from torchmx.kernels.mma_linear import FAST_SCALES
+from torchmx.kernels.layouts import stream_layout as sl
+from torchmx.kernels.linear import stream_matmul
+from torchmx.kernels.linear.mma_linear import FAST_SCALES
 from torchmx.mx_ops import stream_linear as op_module
 from torchmx.numerics.packing import pack_codes, unpack_codes
 
@@ -27,17 +28,17 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
 FORMATS = ["float8_e4m3", "float8_e5m2", "int8", "float4_e2m1", "float6_e2m3", "float6_e3m2"]
 FP8 = FORMATS[:2]
 OTHER = dtypes.ExMy(3, 3)  # a custom minifloat: no stream layout
-ON_GPU = DEVICE == "cuda" and stream_linear.usable_on(torch.device("cuda"))
+ON_GPU = DEVICE == "cuda" and stream_matmul.usable_on(torch.device("cuda"))
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on sm_90 GPUs only")
-needs_gluon = pytest.mark.skipif(not stream_linear.available(), reason="this Triton has no Gluon")
+needs_gluon = pytest.mark.skipif(not stream_matmul.available(), reason="this Triton has no Gluon")
 
 
 @pytest.fixture(autouse=True)
 def any_tile_count(monkeypatch):
     """The op runs the kernel for weights of any tile count here (small ones, fast to test);
     test_wave_policy checks the real policy."""
-    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0, 4: 0.0})
-    monkeypatch.setattr(stream_linear, "ONE_ROW_MIN_FILL", 0.0)
+    monkeypatch.setattr(stream_matmul, "MIN_WAVE_FILL", {1: 0.0, 2: 0.0, 4: 0.0})
+    monkeypatch.setattr(stream_matmul, "ONE_ROW_MIN_FILL", 0.0)
 
 
 def _random_parts(fmt, N, K, seed=0):
@@ -251,31 +252,31 @@ def test_pack_and_unpack_refuse_what_does_not_fit():
     ("float6_e3m2", 64, 8192, (4, 2)), ("float6_e2m3", 1, 384, (8, 1)),
     ("float6_e2m3", 64, 384, (8, 1))])
 def test_default_config(fmt, M, K, expected):
-    cfg = stream_linear.default_config(dtypes.from_name(fmt), M, K)
+    cfg = stream_matmul.default_config(dtypes.from_name(fmt), M, K)
     assert (cfg.stages, cfg.sub, cfg.split, cfg.pdl, cfg.prefetch) == expected + (1, True, 4)
-    assert stream_linear.default_config(dtypes.from_name(fmt), M, K, 3).split == 3
+    assert stream_matmul.default_config(dtypes.from_name(fmt), M, K, 3).split == 3
 
 
 def test_default_config_follows_use_pdl(monkeypatch):
-    monkeypatch.setattr(stream_linear, "USE_PDL", False)
-    assert not stream_linear.default_config(dtypes.float8_e4m3, 16, 8192).pdl
+    monkeypatch.setattr(stream_matmul, "USE_PDL", False)
+    assert not stream_matmul.default_config(dtypes.float8_e4m3, 16, 8192).pdl
 
 
 def test_config_errors():
     with pytest.raises(ValueError, match="stages must be an even number"):
-        stream_linear.StreamConfig(3, 1)
+        stream_matmul.StreamConfig(3, 1)
     with pytest.raises(ValueError, match="sub 1 or 2"):
-        stream_linear.StreamConfig(4, 4)
-    for split in (0, stream_linear.MAX_SPLIT + 1):
-        with pytest.raises(ValueError, match=f"split 1..{stream_linear.MAX_SPLIT}"):
-            stream_linear.StreamConfig(4, 1, split)
-    for prefetch in (-1, stream_linear.MAX_PREFETCH + 1):
-        with pytest.raises(ValueError, match=f"prefetch 0..{stream_linear.MAX_PREFETCH}"):
-            stream_linear.StreamConfig(4, 1, prefetch=prefetch)
+        stream_matmul.StreamConfig(4, 4)
+    for split in (0, stream_matmul.MAX_SPLIT + 1):
+        with pytest.raises(ValueError, match=f"split 1..{stream_matmul.MAX_SPLIT}"):
+            stream_matmul.StreamConfig(4, 1, split)
+    for prefetch in (-1, stream_matmul.MAX_PREFETCH + 1):
+        with pytest.raises(ValueError, match=f"prefetch 0..{stream_matmul.MAX_PREFETCH}"):
+            stream_matmul.StreamConfig(4, 1, prefetch=prefetch)
     with pytest.raises(ValueError, match="1..64 rows"):
-        stream_linear.default_config(dtypes.float8_e4m3, 65, 1024)
+        stream_matmul.default_config(dtypes.float8_e4m3, 65, 1024)
     with pytest.raises(ValueError, match="got e3m3"):
-        stream_linear.default_config(OTHER, 16, 1024)
+        stream_matmul.default_config(OTHER, 16, 1024)
 
 
 @needs_gluon
@@ -289,11 +290,11 @@ def test_kernel_arguments_refuse_configs_that_do_not_fit():
                                                                               dtype=torch.uint8)
     w_data = torch.zeros(N, K // 2, dtype=torch.uint8)
     parts = (x, codes, scales, w_scale, w_data, fmt, None, out)
-    stream_linear.kernel_arguments(*parts, stream_linear.StreamConfig(6, 2, 2))
+    stream_matmul.kernel_arguments(*parts, stream_matmul.StreamConfig(6, 2, 2))
     with pytest.raises(ValueError, match="two slots' worth a part"):
-        stream_linear.kernel_arguments(*parts, stream_linear.StreamConfig(6, 2, 3))
+        stream_matmul.kernel_arguments(*parts, stream_matmul.StreamConfig(6, 2, 3))
     with pytest.raises(ValueError, match="more shared memory"):
-        stream_linear.kernel_arguments(*parts, stream_linear.StreamConfig(16, 2))
+        stream_matmul.kernel_arguments(*parts, stream_matmul.StreamConfig(16, 2))
 
 
 @pytest.mark.parametrize("tiles,K,sms,split", [
@@ -303,8 +304,8 @@ def test_kernel_arguments_refuse_configs_that_do_not_fit():
     (0, 8192, 132, 1), (4, 1024, 8, 2), (1, 4096, 8, 8)])
 def test_split_k(tiles, K, sms, split, monkeypatch):
     """As many CTAs a tile as one wave holds, at most MAX_SPLIT, each with >= 4 steps of K."""
-    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: sms)
-    assert stream_linear.split_k(64 * tiles, K, torch.device("cpu")) == split
+    monkeypatch.setattr(stream_matmul, "sm_count", lambda device: sms)
+    assert stream_matmul.split_k(64 * tiles, K, torch.device("cpu")) == split
 
 
 @pytest.mark.parametrize("fmt,rows,tiles,K,sms,fills", [
@@ -330,19 +331,19 @@ def test_wave_policy(fmt, rows, tiles, K, sms, fills, monkeypatch):
     """The kernel is chosen where its CTAs (tiles x split_k) fill >= 80% (MXFP4, MXFP6) or
     90% (one-byte codes) of their waves; one MXFP4 row only unsplit and from 90%."""
     monkeypatch.undo()
-    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: sms)
-    assert stream_linear.fills_waves(dtypes.from_name(fmt), 64 * tiles, K, torch.device("cpu"),
+    monkeypatch.setattr(stream_matmul, "sm_count", lambda device: sms)
+    assert stream_matmul.fills_waves(dtypes.from_name(fmt), 64 * tiles, K, torch.device("cpu"),
                                      rows) is fills
 
 
 def test_wave_policy_refuses_other_formats():
     with pytest.raises(ValueError, match="fills_waves: .* got e3m3"):
-        stream_linear.fills_waves(OTHER, 8192, 8192, torch.device("cpu"))
+        stream_matmul.fills_waves(OTHER, 8192, 8192, torch.device("cpu"))
 
 
 def test_wave_fill(monkeypatch):
-    monkeypatch.setattr(stream_linear, "_sm_count", lambda device: 132)
-    fills = [stream_linear.wave_fill(64 * t, K, torch.device("cpu"))
+    monkeypatch.setattr(stream_matmul, "sm_count", lambda device: 132)
+    fills = [stream_matmul.wave_fill(64 * t, K, torch.device("cpu"))
              for t, K in ((0, 8192), (66, 8192), (128, 8192), (224, 4096), (64, 4096),
                           (64, 512), (16, 4096))]
     assert fills == [0.0, 1.0, 128 / 132, 224 / 264, 128 / 132, 64 / 132, 128 / 132]
@@ -350,7 +351,7 @@ def test_wave_fill(monkeypatch):
 
 # --- the kernel compiled for sm_90 (no GPU needed) ------------------------------------------
 
-# K split as on the CPU's 8 "SMs" (matmul._sm_count): 256 rows 2 ways, 64 rows 8 ways, 512 rows
+# K split as on the CPU's 8 "SMs" (_common.sm_count): 256 rows 2 ways, 64 rows 8 ways, 512 rows
 # and K = 384 not at all (test_the_compiled_cases_cover_each_split)
 _COMPILED = [("float4_e2m1", 16, 256, 1024, True, "bfloat16"),
              ("float4_e2m1", 64, 256, 1024, False, "float32"),
@@ -368,7 +369,7 @@ _COMPILED = [("float4_e2m1", 16, 256, 1024, True, "bfloat16"),
 
 
 def test_the_compiled_cases_cover_each_split():
-    splits = {(fmt, N, K): stream_linear.split_k(N, K, torch.device("cpu"))
+    splits = {(fmt, N, K): stream_matmul.split_k(N, K, torch.device("cpu"))
               for fmt, _, N, K, _, _ in _COMPILED}
     assert {s for (fmt, _, _), s in splits.items() if fmt == "float4_e2m1"} == {1, 2, 8}
     assert {s for (fmt, _, _), s in splits.items() if fmt == "float8_e4m3"} == {1, 2, 8}
@@ -400,10 +401,10 @@ def test_launch_options_follow_the_config():
     parts = (x, torch.zeros(N * K, dtype=torch.uint8), torch.zeros(N * K // 32, dtype=torch.uint8),
              torch.zeros(N, K // 32, dtype=torch.uint8), torch.zeros(N, K, dtype=torch.uint8),
              fmt, None, out)
-    for cfg, expected in [(stream_linear.StreamConfig(6, 1), (True, True, 4)),
-                          (stream_linear.StreamConfig(6, 1, prefetch=0), (True, True, 0)),
-                          (stream_linear.StreamConfig(6, 1, pdl=False), (False, False, 0))]:
-        constants = stream_linear.kernel_arguments(*parts, cfg)[2]
+    for cfg, expected in [(stream_matmul.StreamConfig(6, 1), (True, True, 4)),
+                          (stream_matmul.StreamConfig(6, 1, prefetch=0), (True, True, 0)),
+                          (stream_matmul.StreamConfig(6, 1, pdl=False), (False, False, 0))]:
+        constants = stream_matmul.kernel_arguments(*parts, cfg)[2]
         assert (constants["launch_pdl"], constants["PDL"], constants["PREFETCH"]) == expected
 
 
@@ -418,7 +419,7 @@ def test_pdl_lets_the_next_call_start_and_prefetches_only_before_its_wait(fmt, p
     with_pdl, without = compile_reports([("stream-pdl", fmt, 16, 512, 1024, pdl)
                                          for pdl in (True, False)])
     ops = [line.split(";")[0].split(" ")[0] for line in with_pdl]
-    prefetches = stream_linear.default_config(dtypes.from_name(fmt), 16, 1024).prefetch
+    prefetches = stream_matmul.default_config(dtypes.from_name(fmt), 16, 1024).prefetch
     assert prefetches == 4
     # the epilogue's wait, then the loader's prefetches and its wait (which ptxas's input may
     # hold on more than one branch of the prefetches' conditions: one is executed)
@@ -490,7 +491,7 @@ def _stream(x, w, bias=None, out_dtype=None, config=None, counters=None):
     """The kernel (its default config: on an H100, K split where the weight's tiles are few),
     on fresh split-K counters unless given."""
     codes, scales, _ = _stream_parts(w)
-    return stream_linear.stream_linear(x, codes, scales, w._scale_e8m0, w._data, w.elem_dtype,
+    return stream_matmul.stream_linear(x, codes, scales, w._scale_e8m0, w._data, w.elem_dtype,
                                        bias, out_dtype or x.dtype, config, counters)
 
 
@@ -517,7 +518,7 @@ def test_exact_on_exact_sums(fmt, M, N, K):
 def test_any_config_is_exact(fmt, M, tiles, steps, stages, sub, split, seed):
     steps = max(steps - steps % sub, 2 * sub * split)
     x, w = integer_operands(fmt, M, 64 * tiles, 128 * steps, seed=seed)
-    cfg = stream_linear.StreamConfig(stages, sub, split)
+    cfg = stream_matmul.StreamConfig(stages, sub, split)
     try:
         out = _stream(x, w, config=cfg)
     except ValueError as e:  # that ring does not fit in shared memory at these rows
@@ -537,10 +538,10 @@ def test_split_k_is_exact_and_leaves_its_counters_at_zero(fmt, M, N, K, split):
     x, w = integer_operands(fmt, M, N, K)
     bias = torch.randint(-8, 9, (N,)).to(torch.bfloat16).to(DEVICE)
     codes, scales, counters = _stream_parts(w)
-    cfg = stream_linear.default_config(w.elem_dtype, M, K, split)
+    cfg = stream_matmul.default_config(w.elem_dtype, M, K, split)
     expected = reference(x, w, bias)
     for _ in range(3):
-        out = stream_linear.stream_linear(x, codes, scales, w._scale_e8m0, w._data,
+        out = stream_matmul.stream_linear(x, codes, scales, w._scale_e8m0, w._data,
                                           w.elem_dtype, bias, torch.bfloat16, cfg, counters)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
         assert not counters.any()
@@ -556,7 +557,7 @@ def test_random_within_fp32_accumulation_and_deterministic(fmt, M, N, K, split):
     x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
     w = MXTensor.to_mx(torch.randn(N, K, device=DEVICE) * 4, fmt, 32)
     bias = torch.randn(N, dtype=torch.bfloat16, device=DEVICE)
-    cfg = stream_linear.default_config(w.elem_dtype, M, K, split)
+    cfg = stream_matmul.default_config(w.elem_dtype, M, K, split)
     outs = [_stream(x, w, bias, config=cfg) for _ in range(3)]
     assert all(torch.equal(o, outs[0]) for o in outs)
     assert_within_fp32_accumulation(outs[0], x, w, bias)
@@ -617,7 +618,7 @@ def test_poisoned_words_recompute_their_tile_exactly(fmt, poison, split):
     else:
         x[5, 300] = float("nan")
     w = w._replace(scale, data)
-    out = _stream(x, w, None, torch.float32, stream_linear.StreamConfig(4, 1, split))
+    out = _stream(x, w, None, torch.float32, stream_matmul.StreamConfig(4, 1, split))
     expected = x.float() @ w.dequantize(torch.float32).t()
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
 
@@ -660,10 +661,10 @@ def test_back_to_back_calls_wait_for_their_input(fmt, prefetch):
 
     def call(x, w, pdl=True):
         codes, scales, counters = parts[id(w)]
-        cfg = stream_linear.default_config(w.elem_dtype, x.shape[0], w.shape[1],
-                                           stream_linear.split_k(*w.shape, x.device))
+        cfg = stream_matmul.default_config(w.elem_dtype, x.shape[0], w.shape[1],
+                                           stream_matmul.split_k(*w.shape, x.device))
         cfg = dataclasses.replace(cfg, pdl=pdl, prefetch=prefetch if pdl else 0)
-        return stream_linear.stream_linear(x, codes, scales, w._scale_e8m0, w._data,
+        return stream_matmul.stream_linear(x, codes, scales, w._scale_e8m0, w._data,
                                            w.elem_dtype, None, torch.bfloat16, cfg, counters)
 
     def check(out, hidden):
@@ -692,7 +693,7 @@ def test_cuda_graph_replay_and_strided_input(split):
     leaves them at zero for the next replay) or without."""
     x, w = integer_operands("float4_e2m1", 16, 256, 1024)
     counters = _stream_parts(w)[2]
-    cfg = stream_linear.StreamConfig(6, 2, split)
+    cfg = stream_matmul.StreamConfig(6, 2, split)
     assert_graph_replay_matches_eager(lambda: _stream(x, w, config=cfg, counters=counters))
     assert not counters.any()
     wide = torch.zeros(16, 2048, dtype=torch.bfloat16, device=DEVICE)
@@ -705,8 +706,8 @@ def test_cuda_graph_replay_and_strided_input(split):
 def test_op_runs_the_kernel_for_its_rows(monkeypatch):
     x, w = integer_operands("float8_e4m3", 8, 128, 512)
     calls = []
-    real = stream_linear.stream_linear
-    monkeypatch.setattr(stream_linear, "stream_linear",
+    real = stream_matmul.stream_linear
+    monkeypatch.setattr(stream_matmul, "stream_linear",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     assert op_module.uses_stream_kernel(x, w._scale_e8m0, w.elem_dtype, torch.bfloat16)
     torch.testing.assert_close(_op(x, w, _stream_parts(w)), reference(x, w), rtol=0, atol=0)
@@ -715,11 +716,11 @@ def test_op_runs_the_kernel_for_its_rows(monkeypatch):
     assert not op_module.uses_stream_kernel(x[:1], w._scale_e8m0, w.elem_dtype, torch.bfloat16)
     assert op_module.uses_stream_kernel(x[:1], w._scale_e8m0, dtypes.float4_e2m1,
                                         torch.bfloat16)  # MXFP4: one row too
-    monkeypatch.setattr(stream_linear, "MIN_WAVE_FILL", {1: 0.9, 2: 0.0})
+    monkeypatch.setattr(stream_matmul, "MIN_WAVE_FILL", {1: 0.9, 2: 0.0})
     assert not op_module.uses_stream_kernel(x, w._scale_e8m0, w.elem_dtype, torch.bfloat16)
     assert op_module.uses_stream_kernel(x[:1], w._scale_e8m0, dtypes.float4_e2m1,
                                         torch.bfloat16)
-    monkeypatch.setattr(stream_linear, "ONE_ROW_MIN_FILL", 0.9)  # one MXFP4 row: its own bar
+    monkeypatch.setattr(stream_matmul, "ONE_ROW_MIN_FILL", 0.9)  # one MXFP4 row: its own bar
     assert not op_module.uses_stream_kernel(x[:1], w._scale_e8m0, dtypes.float4_e2m1,
                                             torch.bfloat16)
     assert op_module.uses_stream_kernel(x[:2], w._scale_e8m0, dtypes.float4_e2m1,

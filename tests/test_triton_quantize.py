@@ -30,7 +30,7 @@ triton = pytest.importorskip("triton")
 
 from formats import FORMAT_IDS, FORMATS, HP_DTYPES, ROUNDINGS, SCALE_MODES, bit_view, every_code_every_scale, wide_range_input  # noqa: E402
 from torchmx import dtypes  # noqa: E402
-from torchmx.kernels import triton_backend as tb  # noqa: E402
+from torchmx.kernels.quantize import triton_backend as tb  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference, quantize_mx_reference  # noqa: E402
 
 GPU = torch.cuda.is_available()

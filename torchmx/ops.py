@@ -7,14 +7,13 @@ numerics: the C kernels on CPU, the Triton kernels on CUDA, the reference anywhe
 when a backend is unavailable). Set TORCHMX_BACKEND=reference to force the reference.
 """
 
-import functools
-import os
 from typing import Optional, Tuple
 
 import torch
 
 from . import cpu_kernels, dtypes
 from ._library import custom_op
+from .kernels.quantize.backends import backend_for, triton_kernels
 from .numerics import arguments as args
 from .numerics.packing import packed_length
 from .numerics.reference import (
@@ -24,27 +23,6 @@ from .numerics.reference import (
 )
 
 __all__ = ["quantize_mx", "dequantize_mx", "backend_for"]
-
-
-@functools.lru_cache(maxsize=None)
-def _triton_kernels():
-    """The Triton backend module, or None when Triton (or the module) is not available."""
-    try:
-        from .kernels import triton_backend
-    except ImportError:
-        return None
-    return triton_backend if triton_backend.available() else None
-
-
-def backend_for(device: torch.device) -> str:
-    """Name of the backend the ops use on `device`: "cpu", "triton" or "reference"."""
-    if os.environ.get("TORCHMX_BACKEND") == "reference":
-        return "reference"
-    if device.type == "cpu":
-        return "cpu" if cpu_kernels.available() else "reference"
-    if device.type == "cuda" and _triton_kernels() is not None:
-        return "triton"
-    return "reference"
 
 
 def _validate_quantize(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim):
@@ -81,7 +59,7 @@ def quantize_mx(
     if backend == "cpu":
         return cpu_kernels.quantize(data_hp, elem_dtype, block_size, scale_mode, rounding, axis, seed)
     if backend == "triton":
-        return _triton_kernels().quantize(
+        return triton_kernels().quantize(
             data_hp, elem_dtype, block_size, scale_mode, rounding, axis, seed)
     return quantize_mx_reference(data_hp, elem_dtype, block_size, scale_mode=scale_mode,
                                  rounding=rounding, block_dim=axis, seed=seed)
@@ -126,7 +104,7 @@ def dequantize_mx(
         return cpu_kernels.dequantize(
             data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype, axis, n)
     if backend == "triton":
-        return _triton_kernels().dequantize(
+        return triton_kernels().dequantize(
             data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype, axis, n)
     return dequantize_mx_reference(data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype,
                                    axis, block_dim_size=n)

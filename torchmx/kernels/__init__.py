@@ -3,9 +3,12 @@
 - `quantize_mx_rowwise_colwise`: one pass over a matrix producing both its row-wise (blocks
   along dim -1) and column-wise (blocks along dim -2) MX copies, as training needs.
 - `layouts`: exporters of the E8M0 scales (and fp4 data) to the layouts that vendor GEMMs read
-  (NVIDIA cuBLAS/CUTLASS "to_blocked", AMD aiter shuffles), with exact inverses.
-- `triton_backend`: the CUDA implementation behind torch.ops.torchmx.quantize_mx /
-  dequantize_mx (imported lazily; needs Triton).
+  (NVIDIA cuBLAS/CUTLASS "to_blocked", AMD aiter shuffles), with exact inverses, and the
+  prepacked weight layouts of the linear kernels.
+- `quantize`: the Triton quantize / dequantize kernels behind torch.ops.torchmx.quantize_mx /
+  dequantize_mx (imported lazily; need Triton) and the choice of backend by device.
+- `linear`: the MX-weight linear kernels and the dispatch that picks one for a product.
+- `_common`, `_launch`, `_tl_numerics`: what the kernel modules share.
 """
 
 from typing import Tuple, Union
@@ -15,6 +18,7 @@ import torch
 from .. import dtypes
 from ..numerics import arguments as args
 from . import layouts
+from .quantize.backends import backend_for
 
 __all__ = ["quantize_mx_rowwise_colwise", "layouts"]
 
@@ -44,8 +48,7 @@ def quantize_mx_rowwise_colwise(
         raise ValueError(f"data_hp must have at least 2 dims for row-wise and column-wise "
                          f"copies, got shape {tuple(data_hp.shape)}")
     seed = args.resolve_seed(seed, rounding)
-    from . import triton_backend
-    from ..ops import backend_for
+    from .quantize import triton_backend
     if backend_for(data_hp.device) == "triton":
         return triton_backend.quantize_rowwise_colwise(data_hp, fmt, block_size, scale_mode,
                                                        rounding, seed)

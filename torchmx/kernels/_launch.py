@@ -8,7 +8,7 @@ Triton's own (`_key`), so a later call with arguments of the same specialization
 compiled kernel directly, as `CompiledKernel[grid](...)` does. A GPU test checks over a sweep
 that no two launches with one key have different Triton keys.
 
-`Launch` goes one step further for a launch decided once (a linear's plan, kernels/matmul.py):
+`Launch` goes one step further for a launch decided once (a linear's plan, kernels/linear/dispatch.py):
 its kernel, grid and every argument but a few tensors are fixed, so a call puts the new
 tensors into the argument list and calls the compiled kernel, with no key to build. Its
 caller promises that the new tensors specialize as the first call's did (same dtypes, 16-byte

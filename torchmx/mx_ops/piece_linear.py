@@ -1,5 +1,5 @@
 """`torch.ops.torchmx.mx_piece_linear`: F.linear with an MX weight that also has a copy in the
-piece layout (torchmx/kernels/piece_layout.py).
+piece layout (torchmx/kernels/layouts/piece_layout.py).
 
     mx_piece_linear(input, piece_codes, piece_scales, piece_counters, weight_scale,
                     weight_data, elem_dtype_name, in_features, bias, out_dtype)
@@ -52,12 +52,12 @@ def _piece_rows(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
     if rows not in PIECE_ROWS[fmt.codes_per_group] or not weight_matmul._kernels_usable(
             input.device):
         return None
-    from ..kernels import matmul, mma_linear  # imports Triton: only where the kernels run
+    from ..kernels.linear import dispatch, mma_linear  # imports Triton: only where the kernels run
     # at most 64 rows: a cheap copy keeps the kernel's offsets small and unit-stride
     x = input.reshape(rows, input.shape[-1]).contiguous()
     # the kernel indexes in 32 bits (the pieces span as many bytes as weight_data)
     return (x if mma_linear.eligible(x, weight_data, fmt, 32)
-            and matmul._int32_offsets(x, weight_data, weight_scale, rows) else None)
+            and dispatch._int32_offsets(x, weight_data, weight_scale, rows) else None)
 
 
 @custom_op("torchmx::mx_piece_linear")
@@ -67,7 +67,7 @@ def mx_piece_linear(input: Tensor, piece_codes: Tensor, piece_scales: Tensor,
                     out_dtype: torch.dtype) -> Tensor:
     """F.linear(input, W, bias) rounded once to out_dtype, W the MX weight (blocks of 32) given
     both ways (see the module docstring)."""
-    from ..kernels import piece_layout
+    from ..kernels.layouts import piece_layout
     fmt = weight_matmul._check_parts(input, weight_scale, weight_data, elem_dtype_name, 32,
                                      in_features, bias, out_dtype, op="mx_piece_linear")
     N = weight_scale.shape[0]
@@ -79,7 +79,7 @@ def mx_piece_linear(input: Tensor, piece_codes: Tensor, piece_scales: Tensor,
         return torch.ops.torchmx.mx_weight_linear(input, weight_scale, weight_data,
                                                   elem_dtype_name, 32, in_features, bias,
                                                   out_dtype)
-    from ..kernels import mma_linear  # imports Triton: only where the kernel runs
+    from ..kernels.linear import mma_linear  # imports Triton: only where the kernel runs
     bias = bias.contiguous() if bias is not None else None
     out = mma_linear.mma_linear(x, weight_scale, weight_data, fmt, 32, bias, out_dtype,
                                 pieces=pieces)

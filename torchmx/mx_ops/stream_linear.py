@@ -1,5 +1,5 @@
 """`torch.ops.torchmx.mx_stream_linear`: F.linear with an MX weight that also has a copy in the
-stream layout (torchmx/kernels/stream_layout.py).
+stream layout (torchmx/kernels/layouts/stream_layout.py).
 
     mx_stream_linear(input, stream_codes, stream_scales, stream_counters, weight_scale,
                      weight_data, elem_dtype_name, in_features, bias, out_dtype)
@@ -7,7 +7,7 @@ stream layout (torchmx/kernels/stream_layout.py).
                            bias, out_dtype)
 
 On a Hopper GPU (sm_90) with Gluon, for bf16 input with STREAM_ROWS activation rows and a
-weight whose CTAs fill enough of the GPU's waves (stream_linear.fills_waves: one a 64-row
+weight whose CTAs fill enough of the GPU's waves (stream_matmul.fills_waves: one a 64-row
 tile, or a few sharing its K where the tiles are few), it runs stream_linear on the copy;
 otherwise the standard-layout parts take the usual path (mx_weight_linear). Both are the exact
 product, fp32 accumulation and one rounding (the fp32 summation orders can differ, so can the
@@ -55,14 +55,14 @@ def _stream_rows(input: Tensor, weight_scale: Tensor, fmt: dtypes.DType,
     if (rows not in STREAM_ROWS[fmt.codes_per_group]
             or not weight_matmul._kernels_usable(input.device)):
         return None
-    from ..kernels import stream_linear  # imports Triton: only where the kernels run
+    from ..kernels.linear import stream_matmul  # imports Triton: only where the kernels run
     # at most 64 rows: a cheap copy gives TMA its unit-stride, 16-byte aligned rows
     x = input.reshape(rows, input.shape[-1])
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
     N, K = weight_scale.shape[0], input.shape[-1]
-    return (x if stream_linear.eligible(x, fmt, N, K)
-            and stream_linear.fills_waves(fmt, N, K, x.device, rows) else None)
+    return (x if stream_matmul.eligible(x, fmt, N, K)
+            and stream_matmul.fills_waves(fmt, N, K, x.device, rows) else None)
 
 
 @custom_op("torchmx::mx_stream_linear")
@@ -72,11 +72,11 @@ def mx_stream_linear(input: Tensor, stream_codes: Tensor, stream_scales: Tensor,
                      out_dtype: torch.dtype) -> Tensor:
     """F.linear(input, W, bias) rounded once to out_dtype, W the MX weight (blocks of 32) given
     both ways (see the module docstring)."""
-    from ..kernels import stream_linear
+    from ..kernels.linear import stream_matmul
     fmt = weight_matmul._check_parts(input, weight_scale, weight_data, elem_dtype_name, 32,
                                      in_features, bias, out_dtype, op="mx_stream_linear")
     N = weight_scale.shape[0]
-    stream_linear.check_parts(stream_codes, stream_scales, stream_counters, fmt, N, in_features,
+    stream_matmul.check_parts(stream_codes, stream_scales, stream_counters, fmt, N, in_features,
                               weight_scale.device, op="mx_stream_linear")
     x = _stream_rows(input, weight_scale, fmt, out_dtype)
     if x is None:
@@ -84,7 +84,7 @@ def mx_stream_linear(input: Tensor, stream_codes: Tensor, stream_scales: Tensor,
                                                   elem_dtype_name, 32, in_features, bias,
                                                   out_dtype)
     bias = bias.contiguous() if bias is not None else None
-    out = stream_linear.stream_linear(x, stream_codes, stream_scales, weight_scale.contiguous(),
+    out = stream_matmul.stream_linear(x, stream_codes, stream_scales, weight_scale.contiguous(),
                                       weight_data.contiguous(), fmt, bias, out_dtype,
                                       counters=stream_counters)
     return out.reshape(*input.shape[:-1], N)

@@ -5,14 +5,14 @@
         = mx_linear(input, W, bias, out_dtype=out_dtype)
 
 for the MX matrix W [N, K] given by its parts: scale bytes [N, ceil(K / block_size)] and codes
-[N, packed(K)] (blocks along K; any strides). On CUDA it runs torchmx/kernels/matmul.py (the
+[N, packed(K)] (blocks along K; any strides). On CUDA it runs torchmx/kernels/linear/dispatch.py (the
 fused decode kernel for few activation rows, dequantize + cuBLAS for many); elsewhere the
 reference (exact fp32 dequantization, fp32 matmul). It is internal: MXTensor's matmul handlers
 call it below autograd, so it has no autograd formula of its own.
 
 `route` is what the handlers call: the product a @ b (+ bias) when b is a 2-d MX weight
 blocked along the reduction dim and the kernels take it, else None (the generic exact path).
-An MX activation is dequantized first, except where kernels/mx_gemm.py's GEMM, which decodes
+An MX activation is dequantized first, except where kernels/linear/mx_gemm.py's GEMM, which decodes
 it in its main loop, is faster (`torch.ops.torchmx.mx_mx_linear`, below).
 """
 
@@ -83,7 +83,7 @@ def mx_weight_linear(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
     fmt = _check_parts(input, weight_scale, weight_data, elem_dtype_name, block_size,
                        in_features, bias, out_dtype)
     if _kernels_usable(input.device):
-        from ..kernels import matmul as kernels
+        from ..kernels.linear import dispatch as kernels
         return kernels.linear(input, weight_scale, weight_data, fmt, block_size, in_features,
                               bias, out_dtype)
     weight = torch.ops.torchmx.dequantize_mx(weight_data, weight_scale, elem_dtype_name,
@@ -103,9 +103,9 @@ def mx_mx_linear(input_scale: Tensor, input_data: Tensor, weight_scale: Tensor,
                  weight_data: Tensor, input_dtype_name: str, weight_dtype_name: str,
                  in_features: int) -> Tensor:
     """F.linear(x, W) rounded once to bf16 for the MX matrices x [M, K] and W [N, K] (blocks of
-    32 along K) given by their scale bytes and codes: kernels/mx_gemm.py's GEMM where it can
+    32 along K) given by their scale bytes and codes: kernels/linear/mx_gemm.py's GEMM where it can
     run (`mx_gemm.eligible`), else x dequantized and mx_weight_linear."""
-    from ..kernels import mx_gemm
+    from ..kernels.linear import mx_gemm
     x_fmt, w_fmt = (args.check_elem_dtype(n) for n in (input_dtype_name, weight_dtype_name))
     K = in_features
     x = torch.empty(input_scale.shape[0], K, dtype=torch.bfloat16, device="meta")  # its shape
@@ -131,10 +131,10 @@ def _mx_mx_linear_fake(input_scale, input_data, weight_scale, weight_data, input
 
 def _mx_gemm_route(a: MXTensor, scale: Tensor, data: Tensor, w: MXTensor, K: int, bias,
                    out_dtype: torch.dtype) -> Optional[Tensor]:
-    """a @ W.T through mx_mx_linear where kernels/mx_gemm.py's GEMM is preferred for this
+    """a @ W.T through mx_mx_linear where kernels/linear/mx_gemm.py's GEMM is preferred for this
     product (bf16, no bias, blocks of 32, a's blocks along K; W [N, K] by scale and data);
     else None."""
-    from ..kernels import mx_gemm
+    from ..kernels.linear import mx_gemm
     if (bias is not None or out_dtype != torch.bfloat16 or a.block_size != 32
             or w.block_size != 32 or a.device.type != "cuda" or not mx_gemm.usable_on(a.device)):
         return None
@@ -174,7 +174,7 @@ def _route(a, w, k_dim: int, bias, out_dtype: torch.dtype) -> Optional[Tensor]:
         return None
     if (bias is not None and bias.dim() != 1) or a.dtype != out_dtype or w.dtype != out_dtype:
         return None
-    from ..kernels import matmul as kernels
+    from ..kernels.linear import dispatch as kernels
     if not kernels.supported(w.elem_dtype, w.block_size, out_dtype):
         return None
     scale, data = w._scale_e8m0, w._data

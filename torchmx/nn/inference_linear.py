@@ -18,8 +18,8 @@ from torch import nn
 from .. import dtypes
 from .._eager import short_path
 from ..config import QLinearConfig
-from ..kernels import fragment_layout, piece_layout, stream_layout
-from ..kernels import matmul as matmul_kernels
+from ..kernels.layouts import fragment_layout, piece_layout, stream_layout
+from ..kernels.linear import dispatch as linear_dispatch
 from ..mx_ops import weight_matmul
 from ..mx_ops.fragment_linear import mx_fp4_fragment_linear  # noqa: F401 - registers the op
 from ..mx_ops.piece_linear import mx_piece_linear  # noqa: F401 - registers the op
@@ -34,7 +34,11 @@ __all__ = ["MXInferenceLinear", "prepack_weights"]
 _EXTRA_STATE_VERSION = 1
 # prepack()'s copy of the weight (the stream layout, the fragment layout for MXFP4 or the piece
 # layout): its codes, its scales and the kernel's split-K counters.
-_FRAGMENT_BUFFERS = ("weight_fragment_codes", "weight_fragment_scales", "weight_fragment_counters")
+_PREPACKED_BUFFERS = ("weight_prepacked_codes", "weight_prepacked_scales",
+                      "weight_prepacked_counters")
+# Their earlier names, as layers pickled and state dicts saved by earlier versions hold them.
+_OLD_PREPACKED_BUFFERS = dict(zip(("weight_fragment_codes", "weight_fragment_scales",
+                                   "weight_fragment_counters"), _PREPACKED_BUFFERS))
 
 
 class _PackedLinearFunction(torch.autograd.Function):
@@ -90,12 +94,12 @@ def _stream_layout_wanted(fmt: dtypes.DType, out_features: int, in_features: int
     """Whether prepack() makes a stream-layout copy of a weight [out_features, in_features] of
     this format on `device`: an sm_90 GPU where Triton has Gluon, with the kernel's CTAs (its
     64-row tiles, times the split of K) filling enough of the GPU's waves
-    (stream_linear.fills_waves). Elsewhere the fragment and piece kernels are the faster."""
+    (stream_matmul.fills_waves). Elsewhere the fragment and piece kernels are the faster."""
     if device.type != "cuda":
         return False
-    from ..kernels import stream_linear  # imports Triton: asked only for CUDA weights
-    return (stream_linear.usable_on(device)
-            and stream_linear.fills_waves(fmt, out_features, in_features, device))
+    from ..kernels.linear import stream_matmul  # imports Triton: asked only for CUDA weights
+    return (stream_matmul.usable_on(device)
+            and stream_matmul.fills_waves(fmt, out_features, in_features, device))
 
 
 def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
@@ -162,19 +166,27 @@ class MXInferenceLinear(nn.Module):
 
     def _init_fragment(self) -> None:
         """No prepacked copy (prepack() adds one; it is not saved: rebuilt from the weight)."""
-        for name in _FRAGMENT_BUFFERS:
+        for name in _PREPACKED_BUFFERS:
             self.register_buffer(name, None, persistent=False)
         self._fragment_fold = True
         self._fragment_layout = None  # "stream", "fragment" or "piece"
         self._fragment_source = None  # what the copy was built from (`_weight_source`)
 
     def __setstate__(self, state):
+        buffers = state.get("_buffers", {})
+        non_persistent = state.get("_non_persistent_buffers_set", set())
+        for old, new in _OLD_PREPACKED_BUFFERS.items():  # pickled under the earlier names
+            if old in buffers:
+                buffers[new] = buffers.pop(old)
+            if old in non_persistent:
+                non_persistent.discard(old)
+                non_persistent.add(new)
         super().__setstate__(state)
         if "_fragment_source" not in self.__dict__:  # pickled before prepack() existed
             self._init_fragment()
         elif "_fragment_layout" not in self.__dict__:  # pickled before the stream layout
             fmt = self.qconfig.weights_config.elem_dtype
-            self._fragment_layout = (None if self.weight_fragment_codes is None else
+            self._fragment_layout = (None if self.weight_prepacked_codes is None else
                                      "fragment" if fmt == dtypes.float4_e2m1 else "piece")
         if self.prepacked:
             # Rebuilt from the weight, as forward would on its first eager call (the weight
@@ -182,6 +194,13 @@ class MXInferenceLinear(nn.Module):
             # stream layout's fp4 words changed) or suit another GPU, and a first call under
             # torch.compile would not check.
             self.prepack()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A prepacked copy saved under the earlier buffer names is dropped: the copy is never
+        # loaded, prepack() rebuilds it from the loaded weight.
+        for old in _OLD_PREPACKED_BUFFERS:
+            state_dict.pop(prefix + old, None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @classmethod
     def from_float(cls, linear: nn.Linear, qconfig: Optional[QLinearConfig] = None
@@ -248,14 +267,14 @@ class MXInferenceLinear(nn.Module):
 
         Forward then multiplies bf16 inputs of few rows on an sm_90 GPU (H100 / H200) with a
         kernel that reads the copy. On an sm_90 GPU where Triton has Gluon (Triton 3.6), the
-        stream layout (torchmx/kernels/stream_layout.py; every format: 1 to 64 rows for MXFP4
+        stream layout (torchmx/kernels/layouts/stream_layout.py; every format: 1 to 64 rows for MXFP4
         and MXFP6, 2 to 64 for MXFP8 and MXINT8; in features a multiple of 128, at least 256;
         weights whose kernel CTAs, one per 64-row tile or a few sharing its in features
         (split-K), fill enough of the GPU's waves: on an H100 out features 1024, 4096 and
         8192, and 14336 for MXFP4 and MXFP6; one MXFP4 row only unsplit where they fill 90%).
         Otherwise, and for the shapes it does not take: for MXFP4 the fragment layout
-        (torchmx/kernels/fragment_layout.py, 2 to 64 rows), for the other formats the piece
-        layout (torchmx/kernels/piece_layout.py; 2 to 64 rows, fp6 1 to 32). All are faster
+        (torchmx/kernels/layouts/fragment_layout.py, 2 to 64 rows), for the other formats the piece
+        layout (torchmx/kernels/layouts/piece_layout.py; 2 to 64 rows, fp6 1 to 32). All are faster
         than the standard layout's kernels (docs/matmul.md). Other inputs take the usual path,
         with the same numerics (exact products, fp32 sums, one rounding). Needs a weight-only
         config (no activations_config) with weights in blocks of 32, out_features a multiple
@@ -294,8 +313,8 @@ class MXInferenceLinear(nn.Module):
             self._fragment_fold = fragment_layout.fold_scales(self.weight_scale)
         else:
             codes, scales = piece_layout.pack(self.weight_scale, self.weight_data, cfg.elem_dtype)
-        self.weight_fragment_codes, self.weight_fragment_scales = codes, scales
-        self.weight_fragment_counters = torch.zeros(
+        self.weight_prepacked_codes, self.weight_prepacked_scales = codes, scales
+        self.weight_prepacked_counters = torch.zeros(
             self.out_features // layout.CHUNK, dtype=torch.int32, device=codes.device)
         self._fragment_layout = _LAYOUT_NAMES[layout]
         self._fragment_source = self._weight_source()
@@ -311,7 +330,7 @@ class MXInferenceLinear(nn.Module):
     @property
     def prepacked(self) -> bool:
         """Whether prepack() added the prepacked copy."""
-        return self.weight_fragment_codes is not None
+        return self.weight_prepacked_codes is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y = F.linear(x quantized per activations_config, weight, bias) in x's dtype: the
@@ -324,12 +343,12 @@ class MXInferenceLinear(nn.Module):
         compiling = torch.compiler.is_compiling()
         source = None if compiling else self._weight_source()
         fragment = None
-        if self.weight_fragment_codes is not None:
+        if self.weight_prepacked_codes is not None:
             if not compiling and self._fragment_source != source:
                 self.prepack()  # the weight buffers were written or replaced since
-            fragment = (self._fragment_layout, self.weight_fragment_codes,
-                        self.weight_fragment_scales,
-                        self.weight_fragment_counters, self._fragment_fold,
+            fragment = (self._fragment_layout, self.weight_prepacked_codes,
+                        self.weight_prepacked_scales,
+                        self.weight_prepacked_counters, self._fragment_fold,
                         self.qconfig.weights_config.elem_dtype_name)
         if compiling:
             return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
@@ -349,14 +368,14 @@ class MXInferenceLinear(nn.Module):
                 # what F.linear(x, weight, bias) reaches below MXTensor's dispatch, its parts
                 # (one MXTensor's) and route decided when the view was made
                 scale, data, fmt, block_size, K, plans = kernel_parts
-                return matmul_kernels.linear(x, scale, data, fmt, block_size, K, bias, x.dtype,
+                return linear_dispatch.linear(x, scale, data, fmt, block_size, K, bias, x.dtype,
                                              plans)
             return _packed_linear(x, weight, bias, self.qconfig.activations_config, fragment)
         return _PackedLinearFunction.apply(x, weight, bias, self.qconfig.activations_config,
                                            fragment)
 
     def _weight_view(self, dtype: torch.dtype, source: tuple):
-        """(`_weight_mx(dtype)`, the arguments of kernels/matmul.py's linear when F.linear with
+        """(`_weight_mx(dtype)`, the arguments of kernels/linear/dispatch.py's linear when F.linear with
         that weight runs it (its parts, the weight's own plans), else None), built once per
         dtype and weight buffers
         (`source`); a view made under inference mode is an inference tensor, which autograd
@@ -369,7 +388,7 @@ class MXInferenceLinear(nn.Module):
             cfg = self.qconfig.weights_config
             kernel_parts = None
             if (self.qconfig.activations_config is None
-                    and matmul_kernels.supported(cfg.elem_dtype, cfg.block_size, dtype)):
+                    and linear_dispatch.supported(cfg.elem_dtype, cfg.block_size, dtype)):
                 kernel_parts = (weight._scale_e8m0, weight._data, cfg.elem_dtype, cfg.block_size,
                                 self.in_features, {})  # the last: this weight's linear plans
             cached = views[key] = (source, weight, kernel_parts)
@@ -379,7 +398,7 @@ class MXInferenceLinear(nn.Module):
         """mx_stream_linear's body for this layer's stream copy, through a StreamPlan made
         once per kind of input (rows, dtype, device, bias) where the operator would run the
         stream kernel (mx_ops/stream_linear's decision); None where it would not."""
-        from ..kernels import stream_linear
+        from ..kernels.linear import stream_matmul
         from ..mx_ops.stream_linear import _stream_rows
         if not weight_matmul._kernels_usable(x.device):
             return None
@@ -398,10 +417,10 @@ class MXInferenceLinear(nn.Module):
             plans[key] = None
             if (_stream_rows(x, self.weight_scale, cfg.elem_dtype, x.dtype) is not None
                     and (bias is None or tuple(bias.shape) == (self.out_features,))):
-                plans[key] = stream_linear.StreamPlan(
-                    rows, self.weight_fragment_codes, self.weight_fragment_scales,
+                plans[key] = stream_matmul.StreamPlan(
+                    rows, self.weight_prepacked_codes, self.weight_prepacked_scales,
                     self.weight_scale.contiguous(), self.weight_data.contiguous(),
-                    cfg.elem_dtype, bias is not None, x.dtype, self.weight_fragment_counters)
+                    cfg.elem_dtype, bias is not None, x.dtype, self.weight_prepacked_counters)
         plan = plans[key]
         if plan is None:
             return None

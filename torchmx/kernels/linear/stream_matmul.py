@@ -43,7 +43,7 @@ The counters (int32, one a tile, zero between calls: prepack's copy keeps its ow
 concurrent calls on one weight on two streams race when K is split, as for the fragment and
 piece kernels.
 
-Numerics are those of kernels/matmul.py: exact bf16 products, fp32 sums, one rounding (the
+Numerics are those of kernels/linear/dispatch.py: exact bf16 products, fp32 sums, one rounding (the
 order of the fp32 sums depends on the split, so on the GPU's SM count; runs on one GPU give
 the same bits). A block the decode cannot take exactly (a scale byte outside
 fast_decode.FAST_SCALES with a nonzero code, a NaN scale, an e4m3 NaN code, an e5m2 Inf or NaN
@@ -65,12 +65,10 @@ from typing import Optional
 
 import torch
 
-from .. import dtypes
-from ..numerics import arguments as args
-from . import stream_layout
-from .byte_gemv import _aligned
-from .matmul import _format_constants, _interpreting, _sm_count
-from .triton_backend import device_capability
+from ... import dtypes
+from ...numerics import arguments as args
+from ..layouts import stream_layout
+from .._common import aligned, device_capability, interpreting, packed_decode_constants, sm_count
 
 __all__ = ["MAX_PREFETCH", "MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
            "default_config", "eligible", "fills_waves", "kernel_arguments", "split_k",
@@ -146,7 +144,7 @@ def available() -> bool:
 
 def usable_on(device: torch.device) -> bool:
     """An sm_90 GPU, Gluon, and not Triton's interpreter (which cannot run Gluon)."""
-    return (device.type == "cuda" and not _interpreting() and device_capability(device) == (9, 0)
+    return (device.type == "cuda" and not interpreting() and device_capability(device) == (9, 0)
             and available())
 
 
@@ -158,14 +156,14 @@ def split_k(N: int, K: int, device: torch.device) -> int:
     tiles = N // stream_layout.CHUNK
     if tiles == 0:
         return 1
-    return max(1, min(_sm_count(device) // tiles, MAX_SPLIT, K // stream_layout.STEP_CODES // 4))
+    return max(1, min(sm_count(device) // tiles, MAX_SPLIT, K // stream_layout.STEP_CODES // 4))
 
 
 def wave_fill(N: int, K: int, device: torch.device) -> float:
     """The share of their waves of SMs (one CTA an SM) that the kernel's CTAs (W's N / 64
     tiles, times split_k) fill on `device`: 128 CTAs on 132 SMs 0.97, 224 0.85 (two waves);
     0 for no tile."""
-    ctas, sms = N // stream_layout.CHUNK * split_k(N, K, device), _sm_count(device)
+    ctas, sms = N // stream_layout.CHUNK * split_k(N, K, device), sm_count(device)
     return ctas / (sms * -(-ctas // sms)) if ctas > 0 else 0.0
 
 
@@ -176,7 +174,7 @@ def fills_waves(fmt: dtypes.DType, N: int, K: int, device: torch.device,
     row, also ONE_ROW_MIN_FILL, with K not split). `rows` None: for several rows (what
     prepack() asks)."""
     if fmt not in stream_layout.FORMATS:
-        raise ValueError(f"stream_linear.fills_waves: the stream kernel takes "
+        raise ValueError(f"stream_matmul.fills_waves: the stream kernel takes "
                          f"{', '.join(f.name for f in stream_layout.FORMATS)} weights, got "
                          f"{fmt.name}")
     need = MIN_WAVE_FILL[fmt.codes_per_group]
@@ -206,7 +204,7 @@ def default_config(fmt: dtypes.DType, M: int, K: int, split: int = 1) -> StreamC
     beside the fp32 partial [64, MP]; `split` CTAs a tile (split_k's); launched with PDL (unless
     USE_PDL is False), asking L2 for `_PREFETCH` sub-steps first."""
     if fmt not in stream_layout.FORMATS or not 1 <= M <= 64:
-        raise ValueError(f"stream_linear.default_config: takes "
+        raise ValueError(f"stream_matmul.default_config: takes "
                          f"{', '.join(f.name for f in stream_layout.FORMATS)} weights and 1..64 "
                          f"rows, got {fmt.name} and M={M}")
     stages, sub = _PREFERRED[fmt.codes_per_group]
@@ -224,7 +222,7 @@ def eligible(x: torch.Tensor, fmt: dtypes.DType, N: int, K: int) -> bool:
     bf16 rows [M, K], 16-byte aligned (TMA), a weight that has a stream layout
     (stream_layout.fits, blocks of 32), on an sm_90 GPU with Gluon."""
     return (x.dim() == 2 and 1 <= x.shape[0] <= 64 and x.shape[1] == K
-            and x.dtype == torch.bfloat16 and x.is_contiguous() and _aligned(x)
+            and x.dtype == torch.bfloat16 and x.is_contiguous() and aligned(x)
             and stream_layout.fits(fmt, stream_layout.BLOCK, N, K) and usable_on(x.device))
 
 
@@ -324,7 +322,7 @@ def _constants(fmt: dtypes.DType, M: int, cfg: StreamConfig, has_bias: bool) -> 
     return dict(MP=_rows_padded(M), STAGES=cfg.stages, SUB=cfg.sub, SPLIT=cfg.split,
                 PDL=cfg.pdl, PREFETCH=cfg.prefetch if cfg.pdl else 0, launch_pdl=cfg.pdl,
                 HAS_BIAS=has_bias, E5M2=fmt == dtypes.float8_e5m2, num_warps=4,
-                **_format_constants(fmt))
+                **packed_decode_constants(fmt))
 
 
 def kernel_arguments(x, codes, scales, w_scale, w_data, fmt: dtypes.DType, bias, out,
@@ -370,7 +368,7 @@ class StreamPlan:
                  config: Optional[StreamConfig] = None):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         from ._gl_stream import stream_linear_kernel
-        from ._launch import Launch
+        from .._launch import Launch
         N, K = w_data.shape[0], w_scale.shape[1] * stream_layout.BLOCK
         device = w_data.device
         cfg = _checked_config(fmt, M, N, K, device, config)

@@ -14,12 +14,12 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from ._gl_stream import (DECODE_E4M3, DECODE_E5M2, DECODE_INT8, _a_operand, _lane_words,
+from ._gl_stream import (DECODE_E4M3, DECODE_E5M2, DECODE_INT8, a_operand, lane_words,
                          mma_layout, word_layout)
-from .mma_linear import _DECODE_E2M1, _multiplier, _scale_multiplier, _special_codes
+from .mma_linear import DECODE_E2M1, piece_multiplier, scale_multiplier, special_codes
 
 # mma_linear's decode of eight fp4 codes of a word in the standard packing (code j in bits 4 j)
-DECODE_E2M1_PLAIN = gl.constexpr(_DECODE_E2M1.value)
+DECODE_E2M1_PLAIN = gl.constexpr(DECODE_E2M1.value)
 BM = gl.constexpr(128)  # activation rows of a tile: 64 for each consumer warpgroup
 BN = gl.constexpr(256)  # weight rows (output columns) of a tile: wgmma's N
 STEP = gl.constexpr(64)  # K columns of a step
@@ -44,9 +44,9 @@ def _decoded(words, s, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.constex
     and for a NaN / Inf code if CODES_CHECKED (otherwise such a code decodes to a finite
     value, and the caller must find it another way)."""
     if CODES_CHECKED:
-        m = _multiplier(words, s, E5M2, IS_INT, S_MIN, S_MAX, 2 if FP4 else 1, 0)
+        m = piece_multiplier(words, s, E5M2, IS_INT, S_MIN, S_MAX, 2 if FP4 else 1, 0)
     else:
-        m = _scale_multiplier(s, E5M2, IS_INT, S_MIN, S_MAX, 2 if FP4 else 1, 0)
+        m = scale_multiplier(s, E5M2, IS_INT, S_MIN, S_MAX, 2 if FP4 else 1, 0)
     if FP4:
         v = gl.inline_asm_elementwise(DECODE_E2M1_PLAIN, "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
                                       [words, m], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
@@ -83,7 +83,7 @@ def _a_registers(words, s, FP4: gl.constexpr, E5M2: gl.constexpr, IS_INT: gl.con
                                                      k_width=2)
         a = gl.convert_layout(t.reshape([64, STEP]), a_layout)  # same registers
     else:
-        a = _a_operand(v[0], v[1], v[2], v[3], BN)
+        a = a_operand(v[0], v[1], v[2], v[3], BN)
     return a
 
 
@@ -106,11 +106,11 @@ def _step(acc, special, check, x_tile, w_tile, s, FIRST: gl.constexpr, XB: gl.co
     warpgroup's 64 rows (x_tile, shared memory) decoded into registers, W^T the bf16 weight
     tile [BN, 64] (shared memory, in the permuted order). If check (fp8 x only), special
     [64, 4] (s's layout) also collects the codes' NaN / Inf finds: (acc, special)."""
-    words = _lane_words(x_tile, XB)
+    words = lane_words(x_tile, XB)
     s = gl.convert_layout(s, gl.SliceLayout(2, words.type.layout))  # same registers
     if _has_special_codes(FP4, IS_INT):
         if check:
-            special = special | _special_codes(words, E5M2)
+            special = special | special_codes(words, E5M2)
     s, _ = gl.broadcast(gl.expand_dims(s, 2), words)
     a = _a_registers(words, s, FP4, E5M2, IS_INT, S_MIN, S_MAX)
     if FIRST:

@@ -30,15 +30,14 @@ block sizes 32..256 that are powers of two, activations in bf16 or fp16.
 """
 
 import contextlib
-import functools
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from .. import dtypes
-from ._launch import Launch
+from ... import dtypes
+from .._common import block_m_for, interpreting, packed_decode_constants, sm_count
+from .._launch import Launch
 
 __all__ = ["SMALL_M", "supported", "linear", "fused_linear", "dequantized_linear", "Config"]
 
@@ -62,12 +61,6 @@ _PIPELINE_PRIORITY = -1  # of the side stream (lower is higher)
 _BLOCK_SIZES = (32, 64, 128, 256)
 # (mantissa bits, largest exponent, exponent of the smallest subnormal) of each dtype.
 _DTYPE_RANGE = {torch.bfloat16: (7, 127, -133), torch.float16: (10, 15, -24)}
-
-
-@functools.lru_cache(maxsize=None)
-def _interpreting() -> bool:
-    """Triton's interpreter: Triton reads the variable once, when a kernel is decorated."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def supported(fmt: dtypes.DType, block_size: int, dtype: torch.dtype) -> bool:
@@ -113,12 +106,6 @@ class Config:
                              f"tiles), got {self.block_n}")
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _default_config(fmt: dtypes.DType, M: int, N: int, blocks_k: int, dtype: torch.dtype,
                     device: torch.device) -> Config:
     """Tiles from benchmarks/bench_gpu_matmul.py --sweep (H100, N = K = 8192), and enough
@@ -139,15 +126,11 @@ def _default_config(fmt: dtypes.DType, M: int, N: int, blocks_k: int, dtype: tor
         variant, block_n, blocks, stages = SCALED_DOTS, *((64, 2) if fp4 else (128, 4)), 3
     else:
         variant, block_n, blocks = BLOCK_DOTS, 64, 1
-    tiles = -(-N // block_n) * (M if variant == ROWS else -(-M // _block_m(M)))
+    tiles = -(-N // block_n) * (M if variant == ROWS else -(-M // block_m_for(M)))
     split_k = 1
-    while tiles * split_k < 3 * _sm_count(device) and blocks_k // (2 * split_k) >= 2 * blocks:
+    while tiles * split_k < 3 * sm_count(device) and blocks_k // (2 * split_k) >= 2 * blocks:
         split_k *= 2
     return Config(variant, block_n, split_k, blocks, num_stages=stages)
-
-
-def _block_m(M: int) -> int:
-    return 16 if M <= 16 else (32 if M <= 32 else 64)
 
 
 def _fast_decode(fmt: dtypes.DType, device: torch.device, variant: int = ROWS,
@@ -155,7 +138,7 @@ def _fast_decode(fmt: dtypes.DType, device: torch.device, variant: int = ROWS,
     """matmul_kernels' FAST: on a GPU the hardware fp8 conversions, and for fp4 its fp16-bits
     decode (4), or whole 32-bit words through inline PTX (5) for one activation row when
     `words` (rows of whole, 4-byte aligned words); 0, the general bit arithmetic, elsewhere."""
-    if device.type != "cuda" or _interpreting():
+    if device.type != "cuda" or interpreting():
         return 0
     if fmt == dtypes.float4_e2m1:
         return 5 if variant == ROWS and words else 4
@@ -175,15 +158,6 @@ def _read_words(fmt: dtypes.DType, w_data: torch.Tensor, K: int, variant: int,
     decoded by inline PTX (FAST 5, GPU only)."""
     return (variant == ROWS and _whole_words(fmt, w_data, K)
             and (fmt.codes_per_group == 4 or fast == 5))
-
-
-@functools.lru_cache(maxsize=None)
-def _format_constants(fmt: dtypes.DType) -> dict:
-    """The decode constants of the dequantize kernels (the kernel needs no BIAS) and the codes
-    per packed group."""
-    from .triton_backend import _decode_constants
-    constants = {k: v for k, v in _decode_constants(fmt).items() if k != "BIAS"}
-    return dict(constants, CPG=fmt.codes_per_group)
 
 
 def _even(N: int, K: int, blocks_k: int, block_size: int, block_n: int, per_split: int) -> bool:
@@ -226,14 +200,14 @@ class FusedPlan:
         from . import matmul_kernels as kernels
         M, K = x.shape
         N, blocks_k = w_scale.shape
-        block_m = 1 if cfg.variant == ROWS else _block_m(M)
+        block_m = 1 if cfg.variant == ROWS else block_m_for(M)
         nb = 1 if cfg.variant == BLOCK_DOTS else cfg.blocks
         per_split = -(-blocks_k // cfg.split_k)
         per_split = -(-per_split // nb) * nb
         split_k = -(-blocks_k // per_split)
         self.out_shape, self.out_dtype, self.device = (M, N), out_dtype, x.device
         self.split_k = split_k
-        interpreter = _interpreting()
+        interpreter = interpreting()
         fast = _fast_decode(fmt, x.device, cfg.variant, _whole_words(fmt, w_data, K))
         words = _read_words(fmt, w_data, K, cfg.variant, fast)
         # out's strides: a fresh contiguous [M, N] tensor's (what __call__ allocates)
@@ -247,7 +221,7 @@ class FusedPlan:
                  EVEN=_even(N, K, blocks_k, block_size, cfg.block_n, per_split),
                  HAS_BIAS=bias is not None, INTERPRETER=interpreter, WORDS=words,
                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, FAST=fast,
-                 **_format_constants(fmt)),
+                 **packed_decode_constants(fmt)),
             range(6))
         self.reduce = None
         if split_k > 1:
@@ -329,7 +303,7 @@ def _pipeline_bounds(M: int, N: int, K: int) -> Optional[list]:
 def _dequantize(w_data, w_scale, fmt, block_size, K):
     """W [N, K] dequantized to bf16 (the operator's body itself where nothing traces the
     call: _eager.short_path)."""
-    from .. import ops
+    from ... import ops
     return ops.dequantize_mx.eager()(w_data, w_scale, fmt.name, block_size, torch.bfloat16, 1,
                                      block_dim_size=K)
 

@@ -17,7 +17,7 @@ with a separate pass (see _tl_packing.py).
 import triton
 import triton.language as tl
 
-from ._tl_numerics import (ROUND_EVEN, ROUND_STOCHASTIC, encode, inverse_scale, load_f32,
+from .._tl_numerics import (ROUND_EVEN, ROUND_STOCHASTIC, encode, inverse_scale, load_f32,
                            program_coordinates, scale_byte, uniform_from_index)
 
 
@@ -51,13 +51,13 @@ def _codes(x, a, byte, index, key, HW_FP8: tl.constexpr, ROUNDING: tl.constexpr,
 
 
 @triton.jit
-def _codes_rne(x, a, inverse, cap, sign_mask, ENC: tl.constexpr, BITS: tl.constexpr,
+def codes_rne(x, a, inverse, cap, sign_mask, ENC: tl.constexpr, BITS: tl.constexpr,
                MBITS: tl.constexpr, EMIN: tl.constexpr):
     """Float-format codes with round half to even (formats with emin <= 0, not BIG_EMAX):
     _codes()'s codes in fewer integer / logic instructions, which Hopper issues at half the
     rate of fp32 multiplies and adds.
 
-    `inverse`, `cap` and `sign_mask` are per block (_rne_block): 2**(127 - byte); `cap` the
+    `inverse`, `cap` and `sign_mask` are per block (rne_block): 2**(127 - byte); `cap` the
     bits of MAX_NORMAL, or 0 where byte is 255; `sign_mask` the code's sign bit, or 0 where
     byte is 255. min(|y|, cap), an integer min of the (non-negative) fp32 bits, clamps to the
     largest code (rounding is monotone and MAX_NORMAL is on the grid) and sends every element
@@ -87,8 +87,8 @@ def _codes_rne(x, a, inverse, cap, sign_mask, ENC: tl.constexpr, BITS: tl.conste
 
 
 @triton.jit
-def _rne_block(byte, BITS: tl.constexpr, MAX_NORMAL: tl.constexpr):
-    """Per-block operands of _codes_rne: (inverse, cap, sign_mask) of scale bytes `byte`."""
+def rne_block(byte, BITS: tl.constexpr, MAX_NORMAL: tl.constexpr):
+    """Per-block operands of codes_rne: (inverse, cap, sign_mask) of scale bytes `byte`."""
     nan_scale = byte == 255
     cap = tl.full([], MAX_NORMAL, tl.float32).to(tl.int32, bitcast=True)
     # 2**(127 - byte): a normal fp32 for bytes 0..253, 2**-127 for 254 (255: unused, cap 0).
@@ -433,7 +433,7 @@ def quantize_fused_kernel(
     Per phase p the tile is 2-d, [TILE_NBR * BLOCK / CPG rows, TILE_NBC * BLOCK columns], rows
     rb * BLOCK + g * CPG + p. Seen as [TILE_NBR, G, columns] it gives the column-wise blocks
     (reduced over g, then over the phases); seen as [rows, TILE_NBC, BLOCK], the row-wise ones
-    (each phase holds whole rows). ENC != 0: codes by _codes_rne (float formats, round half
+    (each phase holds whole rows). ENC != 0: codes by codes_rne (float formats, round half
     to even, no hardware fp8), else by _codes.
     """
     G: tl.constexpr = BLOCK // CPG
@@ -470,19 +470,19 @@ def quantize_fused_kernel(
     tl.store(scale_c_ptr + (b * blocks_r + rblocks)[:, None] * C + cols[None, :],
              byte_c.to(tl.uint8), mask=(rblocks < blocks_r)[:, None] & col_ok)
     if ENC != 0:
-        inv_c, cap_c, sign_c = _rne_block(byte_c, BITS, MAX_NORMAL)
+        inv_c, cap_c, sign_c = rne_block(byte_c, BITS, MAX_NORMAL)
         inv_c = tl.reshape(tl.broadcast_to(inv_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
         cap_c = tl.reshape(tl.broadcast_to(cap_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
         sign_c = tl.reshape(tl.broadcast_to(sign_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
-        c0 = _codes_rne(x0, a0, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
+        c0 = codes_rne(x0, a0, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
         c1 = c0
         c2 = c0
         c3 = c0
         if CPG >= 2:
-            c1 = _codes_rne(x1, a1, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
+            c1 = codes_rne(x1, a1, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
         if CPG == 4:
-            c2 = _codes_rne(x2, a2, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
-            c3 = _codes_rne(x3, a3, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
+            c2 = codes_rne(x2, a2, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
+            c3 = codes_rne(x3, a3, inv_c, cap_c, sign_c, ENC, BITS, MBITS, EMIN)
     else:
         byte_c = tl.reshape(tl.broadcast_to(byte_c[:, None, :], [TILE_NBR, G, TC]), [A, TC])
         c0, c1, c2, c3 = _phase_codes(x0, a0, x1, a1, x2, a2, x3, a3, byte_c, index, C, key,
@@ -548,8 +548,8 @@ def _rows_phase(x, a, rows, index, b, tc, R, cblocks, pos, scale_ptr, data_ptr, 
     tl.store(scale_ptr + line[:, None] * blocks_c + cblocks[None, :], byte.to(tl.uint8),
              mask=row_ok[:, None] & (cblocks < blocks_c)[None, :])
     if ENC != 0:
-        inverse, cap, sign_mask = _rne_block(byte, BITS, MAX_NORMAL)
-        codes = _codes_rne(x, a, inverse[:, :, None], cap[:, :, None], sign_mask[:, :, None], ENC,
+        inverse, cap, sign_mask = rne_block(byte, BITS, MAX_NORMAL)
+        codes = codes_rne(x, a, inverse[:, :, None], cap[:, :, None], sign_mask[:, :, None], ENC,
                            BITS, MBITS, EMIN)
     else:
         codes = _codes(x, a, byte[:, :, None], index, key, HW_FP8, ROUNDING, IS_INT, BITS, MBITS,

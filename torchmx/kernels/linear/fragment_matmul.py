@@ -6,7 +6,7 @@ registers, decodes 8 codes with 4 rotates, 5 logic ops and 4 bf16x2 multiplies (
 applies the block scale: exact, see fragment_layout), and feeds wgmma with no shared-memory
 staging of W. It computes out^T = W x^T ("swap AB": the activation rows, at most 64, are wgmma's
 N dimension, and x^T goes through shared memory). Products are exact (bf16 x bf16), sums are
-fp32, and the result (plus bias, in fp32) is rounded once: the contract of kernels/matmul.py.
+fp32, and the result (plus bias, in fp32) is rounded once: the contract of kernels/linear/dispatch.py.
 
 K is split across SPLIT programs per tile of 64 V rows. Each writes its fp32 partial; the last to
 arrive (an atomic counter per tile, which it resets to 0 for the next call) adds the partials in
@@ -41,11 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._tl_numerics import to_output
-from .fragment_layout import CHUNK
-from .matmul import _block_m, _interpreting, _sm_count
-from .triton_backend import device_capability
-from ._launch import launch
+from .._tl_numerics import to_output
+from ..layouts.fragment_layout import CHUNK
+from .._common import block_m_for, device_capability, interpreting, sm_count
+from .._launch import launch
 
 __all__ = ["FragmentConfig", "default_config", "fragment_linear", "store_out", "store_split",
            "usable_on"]
@@ -350,7 +349,7 @@ def usable_on(device: torch.device) -> bool:
     dot layout that the loads here (and in mma_linear.py) do not match; on the CPU only Triton's
     interpreter runs."""
     if device.type != "cuda":
-        return device.type == "cpu" and _interpreting()
+        return device.type == "cpu" and interpreting()
     return device_capability(device) == (9, 0)
 
 
@@ -365,12 +364,12 @@ def default_config(M: int, N: int, K: int, device: torch.device) -> FragmentConf
     split so that about 5 programs share each SM; above, 128-row tiles (the wgmma bookkeeping
     amortized over twice the rows) loaded one step ahead at 2 or 3 a SM, and for 64 rows two
     warpgroups of 64 rows each."""
-    block_m = _block_m(M)
+    block_m = block_m_for(M)
     v = 1 if block_m == 16 or N % 128 else 2
     u = 2 if K % 128 == 0 else 1
     steps = K // (64 * u)
     tiles = N // (64 * v)
-    programs = _PROGRAMS_PER_SM[block_m] * _sm_count(device)
+    programs = _PROGRAMS_PER_SM[block_m] * sm_count(device)
     split = max(1, min(steps, round(programs / tiles)))
     # 32 rows: ptxas takes 178 registers a thread, which leaves 2 programs a SM, not 3
     maxnreg = 168 if block_m == 32 else None
@@ -395,7 +394,7 @@ def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
         raise ValueError("fragment_linear: bias must be contiguous")
     steps = K // (CHUNK * cfg.u)
     split = min(cfg.split, steps)
-    interpreter = _interpreting()
+    interpreter = interpreting()
     out = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     partials = (torch.empty((split, cfg.block_m, N), dtype=torch.float32, device=x.device)
                 if split > 1 else out)

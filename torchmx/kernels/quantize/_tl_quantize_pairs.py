@@ -23,7 +23,7 @@ for one), so a product rounds only below 2**-14, where every code is 0 (pairs_su
                                      type's bits, format subnormals on its subnormals)
   code = (placed | sign) >> (h - m)
 Under Triton's interpreter (CPU tests), which runs no inline PTX, the same kernel encodes each
-half with _tl_quantize._codes_rne; tests/test_quantize_pairs.py checks the PTX text itself on CPU
+half with _tl_quantize.codes_rne; tests/test_quantize_pairs.py checks the PTX text itself on CPU
 with a PTX emulator, and the GPU tests check the kernel.
 """
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from ._tl_numerics import program_coordinates, scale_byte
-from ._tl_quantize import (_codes_rne, _rne_block, chunk_tile, fused_tile, store_fp6_groups,
+from .._tl_numerics import program_coordinates, scale_byte
+from ._tl_quantize import (codes_rne, rne_block, chunk_tile, fused_tile, store_fp6_groups,
                            store_group_words)
 
 
@@ -217,8 +217,8 @@ def _encode_pairs(x, inverse, cap, sign, inverse2, ENCODE: tl.constexpr, PTX: tl
         for half in tl.static_range(2):
             byte = (inverse >> (16 * half)) & 0xFFFF
             bits = _half_f32_bits((x >> (16 * half)) & 0xFFFF, F16)
-            inv, cap_h, sign_h = _rne_block(byte, BITS, MAX_NORMAL)
-            code = _codes_rne(bits.to(tl.float32, bitcast=True), bits & 0x7FFFFFFF, inv, cap_h,
+            inv, cap_h, sign_h = rne_block(byte, BITS, MAX_NORMAL)
+            code = codes_rne(bits.to(tl.float32, bitcast=True), bits & 0x7FFFFFFF, inv, cap_h,
                               sign_h, 1, BITS, MBITS, EMIN)
             codes = codes | (code << (16 * half))
         return codes

@@ -1,6 +1,6 @@
 """The piece layout: a copy of an MX weight whose every warp load in `mma_linear` is contiguous.
 
-`mma_linear` (kernels/mma_linear.py) reads the standard layout (codes [N, packed K], scale bytes
+`mma_linear` (kernels/linear/mma_linear.py) reads the standard layout (codes [N, packed K], scale bytes
 [N, K / 32]) in pieces: lane `4 g + t` of warp `w` loads, for each unit of a row (64 one-byte
 codes in 64 bytes, 128 fp4 codes in 64 bytes, 128 fp6 codes in 96 bytes), the quarter `t` of
 the unit (a piece of PIECE = unit bytes / 4) of rows `16 w + g` and `16 w + g + 8` of a 64-row
@@ -23,8 +23,8 @@ from typing import Tuple
 
 import torch
 
-from .. import dtypes
-from ..numerics import arguments as args
+from ... import dtypes
+from ...numerics import arguments as args
 from .fast_decode import CHUNK, FAST_SCALES, UNITS
 
 __all__ = ["CHUNK", "FORMATS", "check_pieces", "describe", "fits", "pack", "unpack", "unit"]

@@ -31,8 +31,8 @@ from typing import List, Tuple
 
 import torch
 
-from .. import dtypes
-from ..numerics.packing import pack_codes, unpack_codes
+from ... import dtypes
+from ...numerics.packing import pack_codes, unpack_codes
 
 __all__ = ["PAIR_DECODE", "CHUNK", "fits", "preshuffle", "unshuffle", "fold_scales"]
 

@@ -43,7 +43,7 @@ value exactly value * 2**(s - 127):
 
 The multiply is exact when s is in FAST_SCALES (the multiplier is a normal bf16 and the scaled
 value keeps all its bits). The tensor cores multiply these exact bf16 operands by x and
-accumulate in fp32: the contract of kernels/matmul.py.
+accumulate in fp32: the contract of kernels/linear/dispatch.py.
 
 What the decode cannot do exactly, it poisons: a piece with a NaN or Inf code (e4m3's NaN,
 e5m2's Inf and NaN) or a scale outside FAST_SCALES gets a NaN multiplier, found by a few integer
@@ -65,15 +65,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import dtypes
-from ._tl_numerics import decode_value, scale_value
-from .byte_gemv import _aligned
-from .fast_decode import CHUNK, FAST_SCALES, MULTIPLIER_EXPONENT, UNITS
-from .piece_layout import check_pieces
+from ... import dtypes
+from .._tl_numerics import decode_value, scale_value
+from ..layouts.fast_decode import CHUNK, FAST_SCALES, MULTIPLIER_EXPONENT, UNITS
+from ..layouts.piece_layout import check_pieces
 from .fragment_matmul import check_tile, split_steps, store_out, store_split, usable_on
-from .matmul import _block_m, _format_constants, _interpreting, _sm_count
+from .._common import aligned, block_m_for, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import reduce_splits_kernel
-from ._launch import Launch
+from .._launch import Launch
 
 __all__ = ["MmaConfig", "FAST_SCALES", "check_pieces", "default_config", "eligible", "mma_linear"]
 
@@ -127,9 +126,9 @@ mul.rn.bf16x2 x0, x0, $5;
 mul.rn.bf16x2 x1, x1, $5;
 mov.b32 {$0, $1}, x0;
 mov.b32 {$2, $3}, x1; }"""
-_DECODE_E4M3 = tl.constexpr(_DECODE.replace("WORD", "$4").replace("SHIFT", "4")
+DECODE_E4M3 = tl.constexpr(_DECODE.replace("WORD", "$4").replace("SHIFT", "4")
                             .replace("MASK", "0x87F087F0"))
-_DECODE_E5M2 = tl.constexpr(_DECODE.replace("WORD", "$4").replace("SHIFT", "5")
+DECODE_E5M2 = tl.constexpr(_DECODE.replace("WORD", "$4").replace("SHIFT", "5")
                             .replace("MASK", "0x8FE08FE0"))
 # Four fp6 codes (a three-byte group) -> bf16 halves ($0..$3) times the bf16x2 multiplier $5.
 # Byte k of e takes code k, bits 6 k .. 6 k + 5 of the group, in its top six bits (from the
@@ -162,15 +161,15 @@ def _fp6_decoder(group: int, shift: int, mask: str) -> tl.constexpr:
 
 # e2m3: sign, exponent and mantissa to bf16's places by a shift by 2 (value * 2**-126); e3m2
 # by 3 (value * 2**-124). By group.
-_DECODE_E2M3_0, _DECODE_E2M3_1, _DECODE_E2M3_2, _DECODE_E2M3_3 = (
+DECODE_E2M3_0, DECODE_E2M3_1, DECODE_E2M3_2, DECODE_E2M3_3 = (
     _fp6_decoder(j, 2, "0x81F081F0") for j in range(4))
-_DECODE_E3M2_0, _DECODE_E3M2_1, _DECODE_E3M2_2, _DECODE_E3M2_3 = (
+DECODE_E3M2_0, DECODE_E3M2_1, DECODE_E3M2_2, DECODE_E3M2_3 = (
     _fp6_decoder(j, 3, "0x83E083E0") for j in range(4))
 # Four MXINT8 codes of a word -> bf16 halves ($0..$3) times the bf16x2 multiplier $5. The codes,
 # offset by 128 (a xor of their sign bits), become the low bytes of fp32s 1.5 * 2**23 + code +
 # 128; one subtraction leaves each code exactly, and a conversion packs two of them (8
 # significant bits at most: exact) into bf16x2.
-_DECODE_INT8 = tl.constexpr("""{ .reg .b32 u, f0, f1, f2, f3, x0, x1;
+DECODE_INT8 = tl.constexpr("""{ .reg .b32 u, f0, f1, f2, f3, x0, x1;
 xor.b32 u, $4, 0x80808080;
 prmt.b32 f0, u, 0x4B400000, 0x7640;
 prmt.b32 f1, u, 0x4B400000, 0x7641;
@@ -188,7 +187,7 @@ mov.b32 {$0, $1}, x0;
 mov.b32 {$2, $3}, x1; }""")
 # The end of an e2m1 decode: its four bf16 pairs x0..x3 (bit patterns of value * 2**-126)
 # times the bf16x2 multiplier $9, out as the halves $0..$7 (also the stream kernel's decode).
-_SCALE_E2M1_PAIRS = """mul.rn.bf16x2 x0, x0, $9;
+SCALE_E2M1_PAIRS = """mul.rn.bf16x2 x0, x0, $9;
 mul.rn.bf16x2 x1, x1, $9;
 mul.rn.bf16x2 x2, x2, $9;
 mul.rn.bf16x2 x3, x3, $9;
@@ -201,7 +200,7 @@ mov.b32 {$6, $7}, x3; }"""
 # bytes of the two 16-bit halves (the low one's from the word shifted by 4), each sign
 # repeated above; a shift by 2 brings sign, exponent and mantissa to their bf16 positions and
 # a mask clears the rest: the code's value times 2**-126, subnormals included.
-_DECODE_E2M1 = tl.constexpr("""{ .reg .b32 lo, x0, x1, x2, x3;
+DECODE_E2M1 = tl.constexpr("""{ .reg .b32 lo, x0, x1, x2, x3;
 shl.b32 lo, $8, 4;
 prmt.b32 x0, lo, $8, 0xC480;
 prmt.b32 x1, lo, $8, 0xD591;
@@ -215,7 +214,7 @@ and.b32 x0, x0, 0x81C081C0;
 and.b32 x1, x1, 0x81C081C0;
 and.b32 x2, x2, 0x81C081C0;
 and.b32 x3, x3, 0x81C081C0;
-""" + _SCALE_E2M1_PAIRS)
+""" + SCALE_E2M1_PAIRS)
 
 
 @triton.jit
@@ -258,25 +257,25 @@ def _or(a, b):
 
 
 @triton.jit
-def _multiplier(words, s, E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.constexpr,
+def piece_multiplier(words, s, E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.constexpr,
                 S_MAX: tl.constexpr, CPG: tl.constexpr, MBITS: tl.constexpr):
     """bf16x2 bits (int32) of each word's piece multiplier, from the words [..., 4 (q)] of the
     pieces and their scale bytes s (the same shape, -1 where the loads were off): 2**(s - 7)
     (e4m3), 2**(s - 15) (e5m2), 2**(s - 1) (e2m1, e2m3), 2**(s - 3) (e3m2) or 2**(s - 133)
     (MXINT8) in both halves; NaN where s is outside [S_MIN, S_MAX] or the piece has a NaN /
-    Inf code (`_special_codes`); 0 where the loads were off (a step past the end then adds
+    Inf code (`special_codes`); 0 where the loads were off (a step past the end then adds
     zeros)."""
     fast = (s >= S_MIN) & (s <= S_MAX)
     if CPG == 1 and not IS_INT:
-        special = tl.expand_dims(_special_codes(words, E5M2), len(words.shape) - 1)
+        special = tl.expand_dims(special_codes(words, E5M2), len(words.shape) - 1)
         fast = fast & (special == 0)
     return _multiplier_where(fast, s, E5M2, IS_INT, CPG, MBITS)
 
 
 @triton.jit
-def _scale_multiplier(s, E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.constexpr,
+def scale_multiplier(s, E5M2: tl.constexpr, IS_INT: tl.constexpr, S_MIN: tl.constexpr,
                       S_MAX: tl.constexpr, CPG: tl.constexpr, MBITS: tl.constexpr):
-    """`_multiplier` without the look at the codes, for decodes whose NaN / Inf codes their
+    """`piece_multiplier` without the look at the codes, for decodes whose NaN / Inf codes their
     caller finds otherwise: NaN only where s is outside [S_MIN, S_MAX]."""
     return _multiplier_where((s >= S_MIN) & (s <= S_MAX), s, E5M2, IS_INT, CPG, MBITS)
 
@@ -300,7 +299,7 @@ def _multiplier_where(fast, s, E5M2: tl.constexpr, IS_INT: tl.constexpr, CPG: tl
 
 
 @triton.jit
-def _special_codes(words, E5M2: tl.constexpr):
+def special_codes(words, E5M2: tl.constexpr):
     """The words [..., 4 (q)] of fp8 pieces reduced over their last axis: nonzero for a piece
     with a NaN / Inf code (e4m3: magnitude all ones; e5m2: exponent all ones), found as the
     top bit of a byte of `(word & MASK) + ONES`."""
@@ -446,7 +445,7 @@ def _decode_bytes(words, multiplier, V: tl.constexpr, U: tl.constexpr, E5M2: tl.
         v3 = _code_value(words, 3, scale, IS_INT, BITS, MBITS, E5M2, HAS_NAN, LSB, TO_VALUE)
     else:
         v0, v1, v2, v3 = tl.inline_asm_elementwise(
-            _DECODE_INT8 if IS_INT else _DECODE_E5M2 if E5M2 else _DECODE_E4M3,
+            DECODE_INT8 if IS_INT else DECODE_E5M2 if E5M2 else DECODE_E4M3,
             "=h,=h,=h,=h,r,r", [words, multiplier], dtype=(tl.bfloat16,) * 4, is_pure=True,
             pack=1)
     return _bytes_tile(v0, v1, v2, v3, V, U, 4)
@@ -478,7 +477,7 @@ def _decode_e2m1(words, multiplier, V: tl.constexpr, U: tl.constexpr, BITS: tl.c
         v7 = _code_value(words, 7, scale, False, BITS, MBITS, False, False, 1.0, TO_VALUE)
     else:
         v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
-            _DECODE_E2M1, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, multiplier],
+            DECODE_E2M1, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, multiplier],
             dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
     # code j = 4 s + 2 h + b of word q is logical column 32 q + 16 s + 8 h + 2 t + b of its 128
     tile = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)),
@@ -533,13 +532,13 @@ def _decode_fp6(words, multiplier, V: tl.constexpr, U: tl.constexpr, MBITS: tl.c
     a, b, c, _ = _split4(words, V, U)
     m, _, _, _ = _split4(multiplier, V, U)
     E3M2: tl.constexpr = MBITS == 2
-    v00, v01, v02, v03 = _fp6_group(a, a, m, 0, _DECODE_E3M2_0 if E3M2 else _DECODE_E2M3_0,
+    v00, v01, v02, v03 = _fp6_group(a, a, m, 0, DECODE_E3M2_0 if E3M2 else DECODE_E2M3_0,
                                     MBITS, TO_VALUE, INTERPRETER)
-    v10, v11, v12, v13 = _fp6_group(a, b, m, 1, _DECODE_E3M2_1 if E3M2 else _DECODE_E2M3_1,
+    v10, v11, v12, v13 = _fp6_group(a, b, m, 1, DECODE_E3M2_1 if E3M2 else DECODE_E2M3_1,
                                     MBITS, TO_VALUE, INTERPRETER)
-    v20, v21, v22, v23 = _fp6_group(b, c, m, 2, _DECODE_E3M2_2 if E3M2 else _DECODE_E2M3_2,
+    v20, v21, v22, v23 = _fp6_group(b, c, m, 2, DECODE_E3M2_2 if E3M2 else DECODE_E2M3_2,
                                     MBITS, TO_VALUE, INTERPRETER)
-    v30, v31, v32, v33 = _fp6_group(c, c, m, 3, _DECODE_E3M2_3 if E3M2 else _DECODE_E2M3_3,
+    v30, v31, v32, v33 = _fp6_group(c, c, m, 3, DECODE_E3M2_3 if E3M2 else DECODE_E2M3_3,
                                     MBITS, TO_VALUE, INTERPRETER)
     # group q = 4 r + G of a piece (r: its half, the [..., 2, 2]'s last dim)
     v0 = _quad(v00, v10, v20, v30).reshape(4, V, U, 32, 2, 8)
@@ -591,7 +590,7 @@ def _step(acc, words, scales, x_ptrs, m_ok, V: tl.constexpr, U: tl.constexpr,
     """acc + W's step tile (decoded from `words` and their pieces' scale bytes) times x's
     matching columns."""
     x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
-    multiplier = _multiplier(words, scales, E5M2, IS_INT, S_MIN, S_MAX, CPG, MBITS)
+    multiplier = piece_multiplier(words, scales, E5M2, IS_INT, S_MIN, S_MAX, CPG, MBITS)
     w = _decode_tile(words, multiplier, V, U, E5M2, IS_INT, BITS, MBITS, HAS_NAN, LSB, TO_VALUE,
                      CPG, INTERPRETER)
     if INTERPRETER:
@@ -647,7 +646,7 @@ def mma_linear_kernel(
     """Program (tile of 64 V rows of W, part of K): out[m, n] for all m < M <= BLOCK_M, or its
     fp32 partial with SPLIT > 1. N is a multiple of 64 V, K of U units (UNITS); the `steps` =
     K / (U unit's codes) steps are shared out over the SPLIT programs of a tile (SPLIT <=
-    steps). The format constants are matmul._format_constants' (E5M2 is HAS_INF; CPG, 1, 2 or
+    steps). The format constants are _common.packed_decode_constants' (E5M2 is HAS_INF; CPG, 1, 2 or
     4, the codes a packed group); UNIT_CODES and UNIT_BYTES the format's UNITS.
 
     With PIECES, the fast path reads W from its piece layout (pieces_ptr, piece_scales_ptr;
@@ -777,13 +776,13 @@ def default_config(fmt: dtypes.DType, M: int, N: int, K: int, block_size: int,
     if K <= 0 or K % unit or N <= 0 or N % CHUNK:
         raise ValueError(f"default_config: K must be a positive multiple of {unit} for "
                          f"{fmt.name} (whole units) and N of {CHUNK}, got N={N}, K={K}")
-    u, per_sm, maxnreg = _TILES[fmt.codes_per_group, _block_m(M)]
+    u, per_sm, maxnreg = _TILES[fmt.codes_per_group, block_m_for(M)]
     while K % (unit * u):
         u //= 2
     u = max(u, block_size // unit)
     steps = K // (unit * u)
     tiles = N // CHUNK
-    split = max(1, min(steps, round(per_sm * _sm_count(device) / tiles)))
+    split = max(1, min(steps, round(per_sm * sm_count(device) / tiles)))
     return MmaConfig(1, u, split, maxnreg=maxnreg)
 
 
@@ -804,7 +803,7 @@ def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_siz
             and w_data.shape[1] * fmt.codes_per_group == K * fmt.bytes_per_group
             and N > 0 and K > 0 and N % CHUNK == 0 and K % max(unit, block_size) == 0
             and w_data.stride(1) == 1 and w_data.stride(0) % 16 == 0
-            and _aligned(x) and _aligned(w_data) and usable_on(x.device))
+            and aligned(x) and aligned(w_data) and usable_on(x.device))
 
 
 def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
@@ -856,16 +855,16 @@ class MmaPlan:
         split = min(cfg.split, steps)
         self.out_shape, self.out_dtype, self.device = (M, N), out_dtype, x.device
         self.split = split
-        interpreter = _interpreting()
+        interpreter = interpreting()
         low, high = FAST_SCALES[fmt]
         # out [M, N] is contiguous: stride(0) N
         self.main = Launch(mma_linear_kernel, (N // (CHUNK * cfg.v), split),
             (None,) * 9 + (M, N, K, steps, x.stride(0), w_data.stride(0), w_scale.stride(0),
                            w_scale.stride(1), N),
-            dict(BLOCK=block_size, BLOCK_M=_block_m(M), V=cfg.v, U=cfg.u, SPLIT=split,
+            dict(BLOCK=block_size, BLOCK_M=block_m_for(M), V=cfg.v, U=cfg.u, SPLIT=split,
                  AHEAD=cfg.ahead, HAS_BIAS=bias is not None, E5M2=fmt == dtypes.float8_e5m2,
                  S_MIN=low, S_MAX=high, INTERPRETER=interpreter, PIECES=pieces,
-                 num_warps=4, num_stages=2, **_format_constants(fmt), **_unit_constants(fmt),
+                 num_warps=4, num_stages=2, **packed_decode_constants(fmt), **_unit_constants(fmt),
                  **({} if cfg.maxnreg is None or interpreter else {"maxnreg": cfg.maxnreg})),
             range(9))
         self.reduce = None

@@ -1,4 +1,4 @@
-"""The Gluon kernel of stream_linear.py (device code only; see that module for what it computes).
+"""The Gluon kernel of stream_matmul.py (device code only; see that module for what it computes).
 
 Gluon is Triton's explicit-layout dialect: this module needs a Triton with
 `triton.experimental.gluon` and its Hopper TMA / wgmma API (Triton 3.6), and its kernels run
@@ -10,10 +10,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from ._tl_numerics import decode_value, scale_value
-from .mma_linear import (_DECODE_E2M3_0, _DECODE_E2M3_1, _DECODE_E2M3_2, _DECODE_E2M3_3,
-                         _DECODE_E3M2_0, _DECODE_E3M2_1, _DECODE_E3M2_2, _DECODE_E3M2_3,
-                         _DECODE_E4M3, _DECODE_E5M2, _DECODE_INT8, _SCALE_E2M1_PAIRS)
+from .._tl_numerics import decode_value, scale_value
+# mma_linear's decoders (tl.constexpr), under this module's own names for them
+from .mma_linear import (DECODE_E2M3_0 as _DECODE_E2M3_0, DECODE_E2M3_1 as _DECODE_E2M3_1,
+                         DECODE_E2M3_2 as _DECODE_E2M3_2, DECODE_E2M3_3 as _DECODE_E2M3_3,
+                         DECODE_E3M2_0 as _DECODE_E3M2_0, DECODE_E3M2_1 as _DECODE_E3M2_1,
+                         DECODE_E3M2_2 as _DECODE_E3M2_2, DECODE_E3M2_3 as _DECODE_E3M2_3,
+                         DECODE_E4M3 as _DECODE_E4M3, DECODE_E5M2 as _DECODE_E5M2,
+                         DECODE_INT8 as _DECODE_INT8, SCALE_E2M1_PAIRS)
 
 # The CTA-wide barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7 (both emit the same
 # debug_barrier).
@@ -37,7 +41,7 @@ and.b32 x2, r2, 0x81C081C0;
 and.b32 r3, $8, 0x001B001B;
 mul.lo.u32 r3, r3, 0x1084;
 and.b32 x3, r3, 0x81C081C0;
-""" + _SCALE_E2M1_PAIRS)
+""" + SCALE_E2M1_PAIRS)
 
 __all__ = ["stream_linear_kernel"]
 
@@ -158,7 +162,7 @@ def _loader(w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, re
 
 
 @gluon.jit
-def _lane_words(tile, WB: gl.constexpr):
+def lane_words(tile, WB: gl.constexpr):
     """A sub-step's tile [64 rows, WB bytes] (shared memory, WB-byte swizzle) as each lane's
     words [64, 4, S = WB / 16] of its rows: lane 4 g + t's S words of a row, one shared-memory
     load a row, in word_layout(S)."""
@@ -172,7 +176,7 @@ def _lane_words(tile, WB: gl.constexpr):
 def _words(w_tile, s_row, FP4: gl.constexpr):
     """A sub-step's W tile [64, KB codes] (shared memory) as each lane's words [64, 4, S] of
     its rows (one shared-memory load a row), and the rows' scale bytes (4 a row, one a block)."""
-    words = _lane_words(w_tile, KB // 2 if FP4 else KB)
+    words = lane_words(w_tile, KB // 2 if FP4 else KB)
     return words, s_row.load(gl.SliceLayout(1, gl.SliceLayout(2, words.type.layout)))
 
 
@@ -181,7 +185,7 @@ def _fp6_words(a_tile, b_tile, s_row):
     """A sub-step's fp6 planes (shared memory: [64, 64] and [64, 32] bytes) as each lane's six
     words of its rows, the two halves of K as three words each ((A0, A1, A2), (A3, B0, B1):
     [64, 4] each), and the rows' scale bytes."""
-    a, b = _lane_words(a_tile, 64), _lane_words(b_tile, 32)  # [64, 4, 4], [64, 4, 2]
+    a, b = lane_words(a_tile, 64), lane_words(b_tile, 32)  # [64, 4, 4], [64, 4, 2]
     even, odd = gl.split(a.reshape([64, 4, 2, 2]))  # words 0, 2 and 1, 3
     a0, a2 = gl.split(even)
     a1, a3 = gl.split(odd)
@@ -225,7 +229,7 @@ def _fp6_decoded(piece, rows, half: gl.constexpr, MP: gl.constexpr, MBITS: gl.co
     v1 = _groups(g0[1], g1[1], g2[1], g3[1])
     v2 = _groups(g0[2], g1[2], g2[2], g3[2])
     v3 = _groups(g0[3], g1[3], g2[3], g3[3])
-    return _a_operand(v0, v1, v2, v3, MP)
+    return a_operand(v0, v1, v2, v3, MP)
 
 
 @gluon.jit
@@ -236,7 +240,7 @@ def _groups(g0, g1, g2, g3):
 
 
 @gluon.jit
-def _a_operand(v0, v1, v2, v3, MP: gl.constexpr):
+def a_operand(v0, v1, v2, v3, MP: gl.constexpr):
     """The values of codes 16 s + 8 h + 2 t + b (v_{2 h + b} [64, t, s]) as wgmma's A operand
     [64, KB / 2]: the same registers, in the operand's layout."""
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(MP),
@@ -288,7 +292,7 @@ def _decoded(words, rows, half: gl.constexpr, MP: gl.constexpr, FP4: gl.constexp
             v0, v1, v2, v3 = gl.inline_asm_elementwise(
                 DECODE_E4M3, "=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 4,
                 is_pure=True, pack=1)
-        a = _a_operand(v0, v1, v2, v3, MP)
+        a = a_operand(v0, v1, v2, v3, MP)
     return a
 
 
@@ -424,7 +428,7 @@ def stream_linear_kernel(w_desc, wb_desc, x_desc, s_desc, plane_a, plane_b, stre
                          CPG: gl.constexpr):
     """out[:M, 64 tile ..] = x @ W[64 tile ..].T (+ bias), rounded once to out's dtype: CTA
     `SPLIT tile + part` takes part `part` of the tile's K (its share of the tile's ring slots)
-    with a TMA loader warp and two consumer warpgroups (stream_linear.py). PDL: launched with
+    with a TMA loader warp and two consumer warpgroups (stream_matmul.py). PDL: launched with
     programmatic dependent launch, it lets the next kernel start as its CTAs finish, and its
     loader waits for the previous kernel (after asking L2 for PREFETCH sub-steps of W)."""
     FP6: gl.constexpr = CPG == 4

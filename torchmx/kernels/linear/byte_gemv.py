@@ -12,7 +12,7 @@ values (for MXINT8 the integer codes, whose 2**-6 joins the scale), is multiplie
 block's scale 2**(s - 127) (exact: a power of two of at least 2**-133) and kept in its own fp32
 accumulator: no cross-thread reduction until the end, where a row's accumulators are added and
 the result (plus bias) is rounded once. Products are exact and sums fp32: the contract of
-kernels/matmul.py.
+kernels/linear/dispatch.py.
 
 Why it is fast (H100, N = K = 8192: benchmarks/bench_gpu_matmul.py): a step's loads (the
 codes and the scale byte of each piece, x's 16 values of each piece) are plain (coherent) PTX
@@ -31,11 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import dtypes
-from ._launch import Launch
-from ._tl_numerics import decode_value, scale_value, to_output
-from .matmul import _format_constants, _interpreting, _sm_count
-from .matmul_kernels import _fp16_pair_to_f32, reduce_splits_kernel
+from ... import dtypes
+from .._launch import Launch
+from .._tl_numerics import decode_value, scale_value, to_output
+from .._common import aligned, interpreting, packed_decode_constants, sm_count
+from .matmul_kernels import fp16_pair_to_f32, reduce_splits_kernel
 
 __all__ = ["GemvConfig", "TILE", "default_config", "eligible", "byte_gemv"]
 
@@ -141,7 +141,7 @@ def _decode_word(word, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.const
 def _pair_values(word, X_FP16: tl.constexpr):
     """The two bf16 / fp16 values of int32 words (low half first) as fp32."""
     if X_FP16:
-        lo, hi = _fp16_pair_to_f32(word)
+        lo, hi = fp16_pair_to_f32(word)
     else:
         lo = (word << 16).to(tl.float32, bitcast=True)
         hi = (word & -65536).to(tl.float32, bitcast=True)  # 0xFFFF0000
@@ -187,7 +187,7 @@ def byte_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, partials_ptr, N, K,
     """Program (BLOCK_N rows, part of K): out[n] for its rows n, or with SPLIT > 1 the fp32
     partial sums over its `steps_per_split` steps of 16 PIECES columns (partials[split, n]).
     EVEN_N: N is a multiple of BLOCK_N; EVEN_K: K of 16 PIECES (no piece is masked). The format
-    constants are matmul._format_constants' (CPG, codes per group, is 1 here)."""
+    constants are _common.packed_decode_constants' (CPG, codes per group, is 1 here)."""
     STEP: tl.constexpr = _PIECE * PIECES
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
     k_start = tl.program_id(1) * steps_per_split * STEP
@@ -258,16 +258,12 @@ def default_config(N: int, K: int, device: torch.device) -> GemvConfig:
     programs = triton.cdiv(N, TILE.block_n)
     steps = triton.cdiv(K, PIECE * TILE.pieces)
     split = 1
-    while programs * split < 3 * _sm_count(device) and steps >= 2 * split:
+    while programs * split < 3 * sm_count(device) and steps >= 2 * split:
         split *= 2
     return GemvConfig(TILE.block_n, TILE.pieces, TILE.num_warps, split)
 
 
 _FORMATS = (dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.int8)  # the decodes above
-
-
-def _aligned(t: torch.Tensor) -> bool:
-    return t.device.type == "meta" or t.data_ptr() % 16 == 0
 
 
 def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_size: int) -> bool:
@@ -279,7 +275,7 @@ def eligible(x: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType, block_siz
             and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
             and K % PIECE == 0 and w_data.dim() == 2 and w_data.shape[1] == K
             and (K == 0 or (w_data.stride(1) == 1 and w_data.stride(0) % PIECE == 0))
-            and _aligned(x) and _aligned(w_data))
+            and aligned(x) and aligned(w_data))
 
 
 def byte_gemv(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
@@ -315,14 +311,14 @@ class GemvPlan:
         steps_per_split = triton.cdiv(steps, min(cfg.split_k, max(steps, 1)))
         split = triton.cdiv(steps, steps_per_split) if steps else 1
         self.N, self.split, self.out_dtype, self.device = N, split, out_dtype, x.device
-        interpreter = _interpreting()
+        interpreter = interpreting()
         self.main = Launch(byte_gemv_kernel, (triton.cdiv(N, cfg.block_n), split),
             (None,) * 6 + (N, K, steps_per_split, w_data.stride(0), w_scale.stride(0),
                            w_scale.stride(1)),
             dict(BLOCK=block_size, BLOCK_N=cfg.block_n, PIECES=cfg.pieces, SPLIT=split,
                  X_FP16=x.dtype == torch.float16, EVEN_N=N % cfg.block_n == 0,
                  EVEN_K=K % (PIECE * cfg.pieces) == 0, HAS_BIAS=bias is not None,
-                 INTERPRETER=interpreter, num_warps=cfg.num_warps, **_format_constants(fmt)),
+                 INTERPRETER=interpreter, num_warps=cfg.num_warps, **packed_decode_constants(fmt)),
             range(6))
         self.reduce = None
         if split > 1:

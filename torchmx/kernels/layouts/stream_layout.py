@@ -1,6 +1,6 @@
 """The stream layout: a copy of an MX weight that `stream_linear` reads as one run per step.
 
-`stream_linear` (kernels/stream_linear.py) gives each 64-row tile of W [N, K] one CTA, which
+`stream_linear` (kernels/linear/stream_matmul.py) gives each 64-row tile of W [N, K] one CTA, which
 streams the tile's steps (64 rows x 128 codes: 128 bytes a row for one-byte codes, 64 for fp4)
 through a shared-memory ring by TMA and takes W as wgmma's A operand from registers. `pack`
 lays W out so that:
@@ -62,7 +62,7 @@ instead of in every call:
   (NaN): the same, clamped to 1..254 (an all-zero block of any scale stays on the fast path);
 - else 255: an Inf multiplier, which makes every product of the block Inf or NaN, so that the
   tile's sums come out Inf or NaN and its CTA recomputes the tile exactly from the standard
-  layout (stream_linear.py): a NaN scale, a NaN / Inf code, a scale whose products the one
+  layout (linear/stream_matmul.py): a NaN scale, a NaN / Inf code, a scale whose products the one
   multiply cannot give exactly.
 
 Only blocks of 32 (the OCP MX block), out_features a multiple of 64 and in_features a multiple
@@ -73,9 +73,9 @@ from typing import Tuple
 
 import torch
 
-from .. import dtypes
-from ..numerics import arguments as args
-from ..numerics.packing import pack_codes, unpack_codes
+from ... import dtypes
+from ...numerics import arguments as args
+from ...numerics.packing import pack_codes, unpack_codes
 from .fast_decode import FAST_SCALES, MULTIPLIER_EXPONENT
 
 __all__ = ["BLOCK", "CHUNK", "FORMATS", "FP4_BITS", "FP6", "FP6_PLANES", "RECOMPUTE",

@@ -24,11 +24,12 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .. import dtypes
-from ..numerics.packing import packed_length
-from ..numerics.rounding import ROUNDING_MODES, seed_key
-from ..numerics.scale import SCALE_MODES
-from ._launch import launch
+from ... import dtypes
+from ...numerics.packing import packed_length
+from ...numerics.rounding import ROUNDING_MODES, seed_key
+from ...numerics.scale import SCALE_MODES
+from .._common import decode_constants, device_capability, interpreting
+from .._launch import launch
 
 __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "TUNING"]
 
@@ -80,12 +81,6 @@ def available() -> bool:
         return torch.cuda.is_available()
     except Exception:
         return False
-
-
-@functools.lru_cache(maxsize=None)
-def _interpreting() -> bool:
-    """Triton's interpreter: Triton reads the variable once, when a kernel is decorated."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,32 +143,10 @@ def _format_constants(fmt: dtypes.DType) -> Dict[str, object]:
     )
 
 
-@functools.lru_cache(maxsize=None)
-def _decode_constants(fmt: dtypes.DType) -> Dict[str, object]:
-    is_int = fmt.kind == "int"
-    m = fmt.mantissa_bits
-    lsb = 2.0 ** -m if is_int else 2.0 ** (fmt.min_exponent - m)
-    return dict(IS_INT=is_int, BITS=fmt.bits, MBITS=m, BIAS=fmt.exponent_bias,
-                HAS_INF=fmt.has_inf, HAS_NAN=fmt.has_nan, LSB=lsb,
-                TO_VALUE=2.0 ** (127 - fmt.exponent_bias))
-
-
-@functools.lru_cache(maxsize=None)
-def _capability_of(index: int) -> Tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def device_capability(device: torch.device) -> Tuple[int, int]:
-    """A CUDA device's compute capability, looked up once per device (the kernels choose
-    their paths by it on every call)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _capability_of(index)
-
-
 def _hw_fp8(fmt: dtypes.DType, device: torch.device, rounding: str = "even") -> int:
     """1 / 2 when the hardware fp8 conversions (cvt.rn.satfinite, round half to even with
     saturation: exactly encode() with rounding="even") can stand in for the bit arithmetic."""
-    if device.type != "cuda" or _interpreting() or rounding != "even":
+    if device.type != "cuda" or interpreting() or rounding != "even":
         return 0
     if os.environ.get("TORCHMX_TRITON_HW_FP8", "1") == "0":
         return 0
@@ -230,7 +203,7 @@ def _view_cols(x: torch.Tensor, axis: int):
 
 
 def _tuning(kind: str) -> Dict[str, int]:
-    if _interpreting() and TUNING[kind] == _DEFAULT_TUNING[kind]:
+    if interpreting() and TUNING[kind] == _DEFAULT_TUNING[kind]:
         return _INTERPRETER_TUNING[kind]
     return TUNING[kind]
 
@@ -392,7 +365,7 @@ def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, s
     if x.numel() == 0:
         return scale, data
     if _next_pow2(block_size) > _MAX_BLOCK_P:
-        from ..numerics.reference import quantize_mx_reference
+        from ...numerics.reference import quantize_mx_reference
         return quantize_mx_reference(data_hp, fmt, block_size, scale_mode=scale_mode,
                                      rounding=rounding, block_dim=axis, seed=seed)
     key = seed_key(seed or 0) if rounding == "stochastic" else 0
@@ -425,7 +398,7 @@ def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes
     if out.numel() == 0:
         return out
     if _next_pow2(block_size) > _MAX_BLOCK_P:
-        from ..numerics.reference import dequantize_mx_reference
+        from ...numerics.reference import dequantize_mx_reference
         return dequantize_mx_reference(data_lp, scale_u8, fmt, block_size, target_dtype, axis,
                                        block_dim_size=n)
     td = _kernels()[1]
@@ -439,18 +412,18 @@ def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes
     blocks, groups = _cdiv(n, block_size), _cdiv(n, cpg)
     i64 = _needs_i64(out.numel(), data.numel(), scale.numel())
     common = dict(BLOCK=block_size, BLOCK_P=block_p, I64=i64, CPG=cpg,
-                  HW_FP8=_hw_fp8(fmt, data.device), SOFT_BF16=_interpreting(),
-                  **_decode_constants(fmt))
+                  HW_FP8=_hw_fp8(fmt, data.device), SOFT_BF16=interpreting(),
+                  **decode_constants(fmt))
     if inner == 1 and _fp6_chunks(cpg, block_size, n, data):
         cfg = _tuning("dequantize_fp6_rows")
         tile_ch = max(1, min(_next_pow2(n // 8), cfg["row_chunks"]))
         tile_r = max(1, min(_next_pow2(outer), cfg["chunks"] // tile_ch))
         tiles_r, tiles_c = _cdiv(outer, tile_r), _cdiv(n // 8, tile_ch)
         grid, grid_kind = _grid(1, tiles_r, tiles_c)
-        constants = {k: v for k, v in _decode_constants(fmt).items() if k != "BIAS"}
+        constants = {k: v for k, v in decode_constants(fmt).items() if k != "BIAS"}
         launch(td.dequantize_fp6_rows_kernel, grid,
             data, scale, out, outer, n, tiles_r, tiles_c, blocks, n // 8 * 6, BLOCK=block_size,
-            TILE_R=tile_r, TILE_CH=tile_ch, I64=i64, GRID=grid_kind, SOFT_BF16=_interpreting(),
+            TILE_R=tile_r, TILE_CH=tile_ch, I64=i64, GRID=grid_kind, SOFT_BF16=interpreting(),
             num_warps=cfg["num_warps"], **constants)
     elif inner == 1:
         common["WORDS"] = _fp6_words(cpg, block_size, n, data)
@@ -543,7 +516,7 @@ def _pairs_apply(x3: torch.Tensor, shape, strides, fmt: dtypes.DType, rounding: 
     with the PTX it needs (add.rn.bf16x2, min.u16x2: sm_90) or the interpreter."""
     if not _tuning(kind)["enabled"] or rounding != "even":
         return False
-    if not _interpreting() and device_capability(x3.device) < (9, 0):
+    if not interpreting() and device_capability(x3.device) < (9, 0):
         return False
     pairs = _pair_kernels()
     half = {torch.bfloat16: pairs.BF16, torch.float16: pairs.F16}.get(x3.dtype)
@@ -557,7 +530,7 @@ def _pairs_apply(x3: torch.Tensor, shape, strides, fmt: dtypes.DType, rounding: 
 def _pair_launch(x3, shape, strides, fmt: dtypes.DType, block_size: int, scale_mode: str):
     """(x as int32 words, its strides in words, the constexprs both pair kernels take)."""
     pairs = _pair_kernels()
-    ptx = not _interpreting()
+    ptx = not interpreting()
     consts = _format_constants(fmt)
     f16 = x3.dtype == torch.float16
     cap = _half_float_bits(float(fmt.max), x3.dtype)

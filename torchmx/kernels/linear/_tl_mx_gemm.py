@@ -5,7 +5,7 @@ under Triton's interpreter too, so the CPU tests check it bit for bit)."""
 import triton
 import triton.language as tl
 
-from ._tl_numerics import decode_value, scale_value, to_output
+from .._tl_numerics import decode_value, scale_value, to_output
 
 __all__ = ["fixup_kernel"]
 

@@ -30,7 +30,7 @@ them in a fixed order (deterministic, unlike atomics), adds the bias and rounds 
 import triton
 import triton.language as tl
 
-from ._tl_numerics import decode_value, scale_value, to_output
+from .._tl_numerics import decode_value, scale_value, to_output
 
 FP4_UNSHIFT = tl.constexpr(16384.0)  # fp4 decoded through fp16 bits is 2**-14 of its value
 
@@ -186,7 +186,7 @@ _FP4_WORD_TO_F32 = tl.constexpr("\n".join([
 
 
 @triton.jit
-def _fp16_pair_to_f32(h):
+def fp16_pair_to_f32(h):
     """The two fp16 halves of int32 `h` (low half first) as fp32."""
     lo = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     hi = (h >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -201,10 +201,10 @@ def _fp4_word_values(words, INTERPRETER: tl.constexpr):
     if INTERPRETER:
         o = ((words >> 3) & 0x0E0E0E0E) | (words & -0x7F7F7F80)  # 0x80808080
         e = ((words << 1) & 0x0E0E0E0E) | ((words << 4) & -0x7F7F7F80)
-        v0, v4 = _fp16_pair_to_f32((e << 8) & -0xFF0100)  # 0xFF00FF00
-        v1, v5 = _fp16_pair_to_f32((o << 8) & -0xFF0100)
-        v2, v6 = _fp16_pair_to_f32(e & -0xFF0100)
-        v3, v7 = _fp16_pair_to_f32(o & -0xFF0100)
+        v0, v4 = fp16_pair_to_f32((e << 8) & -0xFF0100)  # 0xFF00FF00
+        v1, v5 = fp16_pair_to_f32((o << 8) & -0xFF0100)
+        v2, v6 = fp16_pair_to_f32(e & -0xFF0100)
+        v3, v7 = fp16_pair_to_f32(o & -0xFF0100)
     else:
         v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
             _FP4_WORD_TO_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words], dtype=(tl.float32,) * 8,

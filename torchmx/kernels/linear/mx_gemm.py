@@ -1,7 +1,7 @@
 """MX x MX products on Hopper (sm_90): x [M, K] @ W.T with both x and W [N, K] MX matrices
 (blocks of 32 along K), for many activation rows, without dequantizing x.
 
-The large-M path of kernels/matmul.py dequantizes both operands to bf16 and runs cuBLAS; the
+The large-M path of kernels/linear/dispatch.py dequantizes both operands to bf16 and runs cuBLAS; the
 weight's dequantize hides behind the GEMMs (chunks on a side stream), the activation's does
 not. Here x stays in its codes:
 
@@ -33,7 +33,7 @@ not. Here x stays in its codes:
   other tiles, which decode the same codes again, skip the check. Ordinary operands never
   take the fix-up; its one launch costs a few microseconds when nothing is flagged.
 
-Numerics are those of kernels/matmul.py (exact products of the dequantized operands,
+Numerics are those of kernels/linear/dispatch.py (exact products of the dequantized operands,
 fp32 sums, one rounding) for every input, including the bf16 subnormal values that the
 dequantize path rounds (here they take the exact fix-up). The fp32 sums run in the tensor
 cores' order over the permuted K, not cuBLAS's, so where they round (e4m3's wide range) the
@@ -51,12 +51,12 @@ from typing import Optional
 
 import torch
 
-from .. import dtypes
-from .matmul import _format_constants, _interpreting, _sm_count
+from ... import dtypes
+from .._common import interpreting, packed_decode_constants, sm_count
 from .mma_linear import FAST_SCALES
 # Gluon with the Hopper TMA / wgmma API, an sm_90 GPU, not the interpreter: what the stream
 # kernel needs too (_gl_mx_gemm builds on _gl_stream)
-from .stream_linear import available, usable_on
+from .stream_matmul import available, usable_on
 
 __all__ = ["FORMATS", "MIN_M", "PREFERRED_FORMATS", "available", "eligible", "first_wave_blocks",
            "mx_gemm", "permuted_weight",
@@ -131,7 +131,7 @@ def preferred(x_fmt: dtypes.DType, w_fmt: dtypes.DType, M: int, N: int,
     it can run."""
     tiles = -(-M // TILE_M) * -(-N // TILE_N)
     return (x_fmt in PREFERRED_FORMATS and w_fmt in PREFERRED_FORMATS and M >= MIN_M
-            and tiles >= MIN_WAVE_FILL * _sm_count(device))
+            and tiles >= MIN_WAVE_FILL * sm_count(device))
 
 
 def _decode_flags(fmt: dtypes.DType) -> dict:
@@ -201,7 +201,7 @@ def gemm_arguments(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DT
     out_desc = TensorDescriptor(out, list(out.shape), [out.stride(0), 1], out_box,
                                 gl.NVMMASharedLayout.get_default_for(out_box, gl.bfloat16))
     tiles_m, tiles_n = -(-M // TILE_M), -(-N // TILE_N)
-    sms = sms or _sm_count(x_data.device)
+    sms = sms or sm_count(x_data.device)
     arguments = (x_desc, w_desc, out_desc, x_scale, flags, M, x_scale.stride(0), tiles_m,
                  tiles_n, K // STEP, tiles_n, w_data.view(torch.uint8), w_scale, w, counts, N,
                  K, w_data.stride(0), w_scale.stride(0), first_block)
@@ -215,12 +215,12 @@ def fixup_arguments(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt, out, flags):
     """(grid, arguments, constexprs) of fixup_kernel: a program per flag."""
     M, N = out.shape
     K = x_scale.shape[1] * BLOCK
-    x_constants = {f"X_{k}": v for k, v in _format_constants(x_fmt).items()}
-    w_constants = {f"W_{k}": v for k, v in _format_constants(w_fmt).items()}
+    x_constants = {f"X_{k}": v for k, v in packed_decode_constants(x_fmt).items()}
+    w_constants = {f"W_{k}": v for k, v in packed_decode_constants(w_fmt).items()}
     arguments = (flags, x_data.view(torch.uint8), x_scale, w_data.view(torch.uint8), w_scale,
                  out, M, N, K, x_data.stride(0), x_scale.stride(0), w_data.stride(0),
                  w_scale.stride(0), out.stride(0), -(-N // TILE_N))
-    constants = dict(TILE_M=FLAG_M, TILE_N=TILE_N, SOFT_BF16=_interpreting(), **x_constants,
+    constants = dict(TILE_M=FLAG_M, TILE_N=TILE_N, SOFT_BF16=interpreting(), **x_constants,
                      **w_constants)
     return (flags.numel(),), arguments, constants
 
@@ -274,7 +274,7 @@ def mx_gemm(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DType,
     from ._gl_mx_gemm import mx_gemm_kernel, permuted_dequantize_kernel
     M, N, K = x_scale.shape[0], w_scale.shape[0], x_scale.shape[1] * BLOCK
     device = x_data.device
-    sms = ctas or _sm_count(device)
+    sms = ctas or sm_count(device)
     tiles_n = -(-N // TILE_N)
     before = min(first_wave_blocks(M, N, sms) if blocks_before is None else blocks_before,
                  tiles_n)

@@ -9,7 +9,7 @@ exponent field (its bits are (MULTIPLIER_EXPONENT[fmt] + s) * 0x00800080 as a bf
 mma_linear._multiplier_where computes it.
 """
 
-from .. import dtypes
+from ... import dtypes
 
 __all__ = ["FAST_SCALES", "MULTIPLIER_EXPONENT", "CHUNK", "UNITS"]
 

@@ -8,7 +8,7 @@ Unpacking mirrors the quantize kernels (split/join along C, phases along R).
 import triton
 import triton.language as tl
 
-from ._tl_numerics import (decode_scaled, decode_value, program_coordinates, scale_value,
+from .._tl_numerics import (decode_scaled, decode_value, program_coordinates, scale_value,
                            to_output)
 
 
