@@ -39,7 +39,7 @@ def test_linear_plans_are_made_once_per_kind_of_product(monkeypatch):
     import torch.nn.functional as F
 
     import torchmx
-    from matmul_operands import integer_operands, reference
+    from matmul_operands import DEVICE, integer_operands, reference
     from torchmx.config import MXConfig, QLinearConfig
     from torchmx.kernels.linear import dispatch
     from torchmx.mx_ops import weight_matmul
@@ -49,14 +49,14 @@ def test_linear_plans_are_made_once_per_kind_of_product(monkeypatch):
     monkeypatch.setattr(dispatch, "_PLANS", {})
     x, w = integer_operands("float8_e4m3", 1, 16, 32)
     _, w2 = integer_operands("float8_e4m3", 1, 16, 32, seed=1)
-    bias = torch.arange(16, dtype=torch.bfloat16) / 4
+    bias = (torch.arange(16, dtype=torch.bfloat16) / 4).to(DEVICE)
     for a, weight, b, plans in [(x, w, None, 1), (x, w2, None, 1), (x, w, bias, 2)]:
         with torch.no_grad():
             got = F.linear(a, weight, b)
         assert torch.equal(got, reference(a, weight, b))
         assert len(dispatch._PLANS) == plans
     # an MXInferenceLinear keeps its weight's plans, keyed by the input alone
-    linear = torch.nn.Linear(32, 16, bias=False, dtype=torch.bfloat16)
+    linear = torch.nn.Linear(32, 16, bias=False, dtype=torch.bfloat16, device=DEVICE)
     with torch.no_grad():
         linear.weight.copy_(w.dequantize())
     layer = torchmx.MXInferenceLinear.from_float(linear, QLinearConfig(MXConfig("float8_e4m3")))
