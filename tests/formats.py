@@ -11,6 +11,18 @@ FORMAT_IDS = [f.name for f in FORMATS]
 HP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def every_custom_format():
+    """Every ExMy width that fits a byte with its default bias (the memory-safety sweeps)."""
+    found = []
+    for e in range(1, 8):
+        for m in range(0, 8 - e):
+            try:
+                found.append(dtypes.ExMy(e, m))
+            except ValueError:  # a default bias outside the exactness limits
+                pass
+    return found
+
+
 def wide_range_input(shape, dtype, seed=0):
     """Gaussian values spread over many binades per row, with NaN, Inf, zero and tiny blocks."""
     generator = torch.Generator().manual_seed(seed)

@@ -31,6 +31,8 @@ from torchmx.config import MXConfig, QLinearConfig
 from torchmx.nn import MXInferenceLinear
 from torchmx.numerics import dequantize_mx_reference, quantize_mx_reference
 
+from formats import every_custom_format
+
 SCALE_MODES = ("floor", "ceil", "even", "rceil")
 ROUNDINGS = ("even", "away", "toward_zero", "trunc", "stochastic")
 DEVICE = "cuda"  # `--device cpu` runs the same sweep through the C kernels (a dry run)
@@ -38,18 +40,7 @@ LINEAR_FORMATS = ("float4_e2m1", "float6_e2m3", "float6_e3m2", "float8_e4m3", "f
                   "int8")
 
 
-def _custom_formats():
-    found = []
-    for e in range(1, 8):
-        for m in range(0, 8 - e):
-            try:
-                found.append(dtypes.ExMy(e, m))
-            except ValueError:  # a default bias outside the exactness limits
-                pass
-    return found
-
-
-FORMATS = list(dtypes.SUPPORTED_ELEM_DTYPES) + _custom_formats()
+FORMATS = list(dtypes.SUPPORTED_ELEM_DTYPES) + every_custom_format()
 
 
 def _raw(shape, dtype, gen):

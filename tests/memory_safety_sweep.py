@@ -25,23 +25,14 @@ from torchmx.ops import backend_for
 from torchmx.numerics import dequantize_mx_reference, quantize_mx_reference
 from torchmx.numerics.packing import packed_length
 
+from formats import every_custom_format
+
 EXAMPLES = int(os.environ.get("TORCHMX_SANITIZER_EXAMPLES", "150"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))
 
 
-def _custom_formats():
-    found = []
-    for e in range(1, 8):
-        for m in range(0, 8 - e):
-            try:
-                found.append(dtypes.ExMy(e, m))
-            except ValueError:  # a default bias outside the exactness limits
-                pass
-    return found
-
-
-FORMATS = list(dtypes.SUPPORTED_ELEM_DTYPES) + _custom_formats()
+FORMATS = list(dtypes.SUPPORTED_ELEM_DTYPES) + every_custom_format()
 HP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BITS_DTYPES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 BLOCK_SIZES = st.one_of(st.integers(1, 80), st.sampled_from([2**k for k in range(5, 63)]),
