@@ -26,12 +26,17 @@ import torch
 
 from ... import dtypes
 from ...numerics.packing import packed_length
-from ...numerics.rounding import ROUNDING_MODES, seed_key
-from ...numerics.scale import SCALE_MODES
+from ...numerics.modes import ROUNDING_BY_NAME, SCALE_MODE_BY_NAME
+from ...numerics.rounding import seed_key
 from .._common import decode_constants, device_capability, interpreting
 from .._launch import launch
 
 __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "TUNING"]
+
+# The kernels' SCALE_MODE / ROUNDING constexprs, by the names users pass (plain ints: what
+# Triton keys its specializations by).
+_SCALE_MODE = {name: int(mode) for name, mode in SCALE_MODE_BY_NAME.items()}
+_ROUNDING = {name: int(rounding) for name, rounding in ROUNDING_BY_NAME.items()}
 
 # Tile shapes, by kernel (see _rows_tile, _cols_tile, quantize_rowwise_colwise and
 # docs/kernels.md); benchmarks/bench_gpu_quantize.py --sweep times alternatives.
@@ -301,8 +306,8 @@ def _launch_quantize(x3, view, strides, scale, data, fmt, block_size, scale_mode
     groups = _cdiv(n, cpg)
     i64 = _needs_i64(_span(x3), x3.numel(), data.numel(), scale.numel(), B * R * C)
     common = dict(BLOCK=block_size, BLOCK_P=block_p, I64=i64, CPG=cpg, HW_FP8=hw_fp8,
-                  SCALE_MODE=SCALE_MODES.index(scale_mode),
-                  ROUNDING=ROUNDING_MODES.index(rounding), **_format_constants(fmt))
+                  SCALE_MODE=_SCALE_MODE[scale_mode],
+                  ROUNDING=_ROUNDING[rounding], **_format_constants(fmt))
     cw = _thread_rows(x3.element_size(), block_size, C, cpg,
                       strides[2] == 1 or C == 1) if blocks_on_c else None
     if cw is not None and cpg == fmt.codes_per_group \
@@ -502,8 +507,8 @@ def quantize_rowwise_colwise(x: torch.Tensor, elem_dtype: dtypes.DType, block_si
         tiles_r, tiles_c, blocks_r, blocks_c, _cdiv(R, cpg), _cdiv(C, cpg), _signed32(key),
         BLOCK=block_size, TILE_NBR=nbr, TILE_NBC=nbc, VEC=vec, I64=i64, GRID=grid_kind, CPG=cpg,
         WORDS=_fp6_words(cpg, block_size, C), ENC=enc,
-        HW_FP8=hw_fp8, SCALE_MODE=SCALE_MODES.index(scale_mode),
-        ROUNDING=ROUNDING_MODES.index(rounding), num_warps=warps, **registers, **consts)
+        HW_FP8=hw_fp8, SCALE_MODE=_SCALE_MODE[scale_mode],
+        ROUNDING=_ROUNDING[rounding], num_warps=warps, **registers, **consts)
     return (scale_r, data_r), (scale_c, data_c)
 
 
@@ -538,7 +543,7 @@ def _pair_launch(x3, shape, strides, fmt: dtypes.DType, block_size: int, scale_m
     return words, (strides[0] // 2, strides[1] // 2), dict(
         ENCODE=pairs.encode_pairs_ptx(fmt, pairs.F16 if f16 else pairs.BF16) if ptx else "",
         PTX=ptx, F16=f16, BLOCK=block_size, CPG=fmt.codes_per_group, CAP=cap,
-        SCALE_MODE=SCALE_MODES.index(scale_mode), BITS=consts["BITS"], MBITS=consts["MBITS"],
+        SCALE_MODE=_SCALE_MODE[scale_mode], BITS=consts["BITS"], MBITS=consts["MBITS"],
         EMIN=consts["EMIN"], EMAX=consts["EMAX"], MAX_NORMAL=consts["MAX_NORMAL"],
         RCEIL_FRAC=consts["RCEIL_FRAC"], RCEIL_ZERO=consts["RCEIL_ZERO"])
 
