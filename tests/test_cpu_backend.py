@@ -76,9 +76,13 @@ def test_stochastic_rounding_reproducible_and_seed_dependent():
 
 def test_large_tensor_uses_threads_and_matches_reference():
     x = wide_range_input((512, 1024), torch.bfloat16, seed=11)
+    threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    _check_quantize(x, FORMATS[5], 32, "even", "even", 1)
-    _check_quantize(x, FORMATS[2], 32, "floor", "stochastic", 0)
+    try:
+        _check_quantize(x, FORMATS[5], 32, "even", "even", 1)
+        _check_quantize(x, FORMATS[2], 32, "floor", "stochastic", 0)
+    finally:
+        torch.set_num_threads(threads)  # later tests on this worker keep the worker's count
 
 
 def test_missing_compiler_falls_back_with_a_warning(monkeypatch, tmp_path):
