@@ -13,8 +13,8 @@
    Every model's output is first compared bit for bit across the three modes and a
    difference printed: inductor fuses the SiLU gate's bf16 elementwise ops without their
    intermediate roundings, so the whole stack differs from eager in bf16 too, while each
-   MX linear alone equals eager bit for bit (tests/test_gpu_short_path.py,
-   tests/test_mx_tensor_compile.py).
+   MX linear alone equals eager bit for bit (tests/mx_ops/test_gpu_short_path.py,
+   tests/mx_ops/test_mx_tensor_compile.py).
 3. --large-m (CUDA): F.linear of 8192 rows with an MXFP4 weight [8192, 8192], eager, against
    eager cuBLAS bf16 on the dequantized weight (the results must be equal bit for bit).
 """

@@ -3,8 +3,8 @@ import sys
 
 import torch
 
-# Tests import their shared helpers (e.g. the independent oracle) as top-level modules.
-sys.path.insert(0, os.path.dirname(__file__))
+# Tests import their shared helpers in tests/support (e.g. the independent oracle) as top-level modules.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
 # pytest-xdist runs one worker a CPU (pyproject.toml's addopts): one thread each, not one a CPU
 # each (threads fighting over the cores).

@@ -51,7 +51,7 @@ class _Format(ctypes.Structure):
 
 def _flags():
     """The compiler flags: _FLAGS, then TORCHMX_CPU_CFLAGS (extra flags, e.g. the sanitizers of
-    tests/test_memory_safety.py; space-separated)."""
+    tests/kernels/quantize/test_memory_safety.py; space-separated)."""
     return _FLAGS + os.environ.get("TORCHMX_CPU_CFLAGS", "").split()
 
 

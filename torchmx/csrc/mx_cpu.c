@@ -1,6 +1,6 @@
 /*
  * CPU fast path of torchmx's MX quantize / dequantize, bit-identical to the reference
- * numerics in torchmx/numerics (tests/test_cpu_backend.py holds every option to that).
+ * numerics in torchmx/numerics (tests/kernels/quantize/test_cpu_backend.py holds every option to that).
  *
  * Plain C99 with no dependency: torchmx compiles it on first use with the system compiler and
  * calls it through ctypes, which releases the GIL, so Python threads split the rows. Build

@@ -1,7 +1,7 @@
 """The scale modes and element roundings of the numerics contract, and the integer each backend
 passes for them: the reference reads the names, the Triton kernels take the integers as
 constexprs (kernels/_tl_numerics.py), the C kernels as the enums of csrc/mx_cpu.c
-(tests/test_modes.py checks them against this table).
+(tests/numerics/test_modes.py checks them against this table).
 """
 
 import enum

@@ -23,7 +23,7 @@ for one), so a product rounds only below 2**-14, where every code is 0 (pairs_su
                                      type's bits, format subnormals on its subnormals)
   code = (placed | sign) >> (h - m)
 Under Triton's interpreter (CPU tests), which runs no inline PTX, the same kernel encodes each
-half with _tl_quantize.codes_rne; tests/test_quantize_pairs.py checks the PTX text itself on CPU
+half with _tl_quantize.codes_rne; tests/kernels/quantize/test_quantize_pairs.py checks the PTX text itself on CPU
 with a PTX emulator, and the GPU tests check the kernel.
 """
 

@@ -7,8 +7,9 @@ import ast
 import pathlib
 
 import pytest
+from repo import ROOT
 
-KERNELS = pathlib.Path(__file__).resolve().parents[1] / "torchmx" / "kernels"
+KERNELS = ROOT / "torchmx" / "kernels"
 # What kernel modules may import from torchmx outside kernels/: the floors below them.
 BELOW = ("torchmx.dtypes", "torchmx.numerics", "torchmx.cpu_kernels")
 # The one call up: the linear dispatch's dequantize + cuBLAS path dequantizes the weight through

@@ -1,5 +1,5 @@
 """kernels/_launch.py's key: what it must tell apart for Triton (checked against Triton's own
-keys on the GPU in tests/test_gpu_short_path.py), and what it may share."""
+keys on the GPU in tests/mx_ops/test_gpu_short_path.py), and what it may share."""
 
 import torch
 

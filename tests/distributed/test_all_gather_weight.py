@@ -1,6 +1,6 @@
 """MXAllGatherWeight in one process: its FSDP2 hooks called directly (the shards' buffers
 concatenated as an all-gather would), for every format, and the wrapped weight in MXLinear.
-The 2-rank runs are in tests/test_distributed.py."""
+The 2-rank runs are in tests/distributed/test_distributed.py."""
 
 from types import SimpleNamespace
 

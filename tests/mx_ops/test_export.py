@@ -18,7 +18,7 @@ from torchmx import MXTensor
 from torchmx.config import MXConfig, QLinearConfig
 from torchmx.nn import MXInferenceLinear, MXLinear
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class MXParameterModel(nn.Module):

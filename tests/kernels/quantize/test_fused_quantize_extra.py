@@ -5,7 +5,7 @@ few ulps around every rounding midpoint and binade edge, NaN / Inf blocks with n
 elements, and extreme scales (underflowing y, subnormal block maxima). Both copies are
 compared bit for bit with the reference (two calls, blocks along dim -1 and dim -2).
 
-Runs like tests/test_triton_quantize.py: on a CUDA GPU, else through Triton's interpreter.
+Runs like tests/kernels/quantize/test_triton_quantize.py: on a CUDA GPU, else through Triton's interpreter.
 """
 
 import pytest

@@ -3,7 +3,7 @@ dim, and the fused row + column pass.
 
 Their encode runs as inline PTX, which Triton's interpreter cannot run: on CPU the kernels
 encode with _tl_quantize.codes_rne instead, and the PTX text is checked here by an emulator
-(tests/ptx_emulator.py) against the reference for every bf16 value and every scale byte. On a
+(tests/support/ptx_emulator.py) against the reference for every bf16 value and every scale byte. On a
 GPU the same tests run the real kernels. The bf16 tests of test_triton_quantize.py and
 test_fused_quantize_extra.py reach these kernels too.
 """

@@ -4,7 +4,7 @@ and GitHub-style heading anchors. Shared by the docs tests."""
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 _FENCE = re.compile(r"^(\s*)(```|~~~)(.*)$")

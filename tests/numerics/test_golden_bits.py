@@ -2,7 +2,7 @@
 
 Every expected string below was derived by hand from shared/DESIGN.md section 2 (the
 derivation is the comment above it) and then compared with the library's output; the helper
-additionally checks that the independent oracle (tests/oracle.py) and the custom op agree with
+additionally checks that the independent oracle (tests/support/oracle.py) and the custom op agree with
 the reference implementation on every case.
 
 Notation: ``s`` lists the E8M0 scale bytes, ``d`` the stored data bytes (packed as in
@@ -10,15 +10,11 @@ docs/numerics.md: fp4 element 2i in the low nibble, fp6 4 codes in 3 little-endi
 int8 two's complement), all in hex.  For dequantize, the output's raw bit patterns in hex.
 """
 
-import os
-import sys
-
 import expecttest
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-import oracle  # noqa: E402
+import oracle
 
 F32 = torch.float32
 

@@ -1,4 +1,4 @@
-"""tests/triton_interpreter.py's reduce over whole slices gives the bits of the interpreter's own
+"""tests/support/triton_interpreter.py's reduce over whole slices gives the bits of the interpreter's own
 reduce (one element at a time), for the combine functions kernels use and ones whose order of
 combines shows (not associative), over every axis, with and without keep_dims."""
 

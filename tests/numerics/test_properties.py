@@ -14,8 +14,6 @@
 """
 
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -23,8 +21,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, os.path.dirname(__file__))
-import oracle  # noqa: E402
+import oracle
 
 # applied per test (not as a global profile, so other test files keep their settings)
 props = settings(deadline=None, max_examples=120, database=None, print_blob=True,

@@ -1,9 +1,9 @@
 """MX models in the state-dict writers people use: tensors only, bit for bit.
 
 A model quantized with quantize_linear_ saves with safetensors' save_model, torch.save (loaded
-with weights_only=True) and transformers' save_pretrained (tests/test_hf_quantizer.py); each
+with weights_only=True) and transformers' save_pretrained (tests/huggingface/test_hf_quantizer.py); each
 layer's config travels as a uint8 tensor of JSON text. Checkpoints written before that, with a
-dict extra state, still load (tests/data: written by torchmx 0.2 before the change).
+dict extra state, still load (tests/nn/data: written by torchmx 0.2 before the change).
 """
 
 from pathlib import Path
@@ -22,7 +22,7 @@ W8A8 = QLinearConfig(MXConfig("int8"), MXConfig("float8_e4m3"))
 
 
 def build(seed: int = 0) -> nn.Module:
-    """The model of tests/data/dict_extra_state_v0.2.pt."""
+    """The model of tests/nn/data/dict_extra_state_v0.2.pt."""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16, bias=False))
     quantize_linear_(model, "mxfp4", include="^0$")

@@ -1,5 +1,5 @@
 """MXShardedInferenceLinear in one process: the layer FSDP2 shards (2-rank runs in
-tests/test_distributed.py) computes and saves exactly what MXInferenceLinear does."""
+tests/distributed/test_distributed.py) computes and saves exactly what MXInferenceLinear does."""
 
 import pytest
 import torch

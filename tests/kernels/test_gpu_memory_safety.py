@@ -1,4 +1,4 @@
-"""On a CUDA GPU with NVIDIA's compute-sanitizer: the sweep of tests/gpu_memory_safety_sweep.py
+"""On a CUDA GPU with NVIDIA's compute-sanitizer: the sweep of tests/support/gpu_memory_safety_sweep.py
 (every CUDA kernel path fed crafted code and scale bytes, results checked) runs under memcheck
 with PyTorch's caching allocator off, and must finish with no report; then its canary, a
 deliberate far out-of-bounds read, must be reported, so the clean sweep was watched."""
@@ -11,10 +11,11 @@ import sys
 
 import pytest
 import torch
+from repo import ROOT, SUPPORT
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-SWEEP = pathlib.Path(__file__).with_name("gpu_memory_safety_sweep.py")
+SWEEP = SUPPORT / "gpu_memory_safety_sweep.py"
 
 
 def _sanitizer():
@@ -31,7 +32,7 @@ def test_cuda_kernels_under_compute_sanitizer_memcheck():
     if sanitizer is None:
         pytest.skip("compute-sanitizer is not installed (it comes with the CUDA toolkit)")
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SWEEP.parents[1]),
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT),
                                                       env.get("PYTHONPATH")]))
     run = subprocess.run(
         [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", "--print-limit", "20",

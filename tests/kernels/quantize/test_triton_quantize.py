@@ -28,6 +28,7 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton")
 
+from repo import ROOT  # noqa: E402
 from formats import FORMAT_IDS, FORMATS, HP_DTYPES, ROUNDINGS, SCALE_MODES, bit_view, every_code_every_scale, wide_range_input  # noqa: E402
 from torchmx import dtypes  # noqa: E402
 from torchmx.kernels.quantize import triton_backend as tb  # noqa: E402
@@ -61,7 +62,7 @@ def _only_in_a_fresh_process_when_late(request):
 def test_this_module_in_a_fresh_interpreter_process():
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"],
-                         env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
 

@@ -15,16 +15,13 @@
 
 import functools
 import math
-import os
-import sys
 from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-import oracle  # noqa: E402
+import oracle
 
 BLOCK = 32
 FORMAT_NAMES = list(oracle.BUILTIN_NAMES) + ["e1m2", "e3m3"]

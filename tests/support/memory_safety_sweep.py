@@ -1,4 +1,4 @@
-"""The sweep of tests/test_memory_safety.py, run in a child process whose C kernels are built
+"""The sweep of tests/kernels/quantize/test_memory_safety.py, run in a child process whose C kernels are built
 with AddressSanitizer and UndefinedBehaviorSanitizer (the parent sets TORCHMX_CPU_CFLAGS,
 TORCHMX_CACHE_DIR and LD_PRELOAD of the sanitizer runtimes).
 

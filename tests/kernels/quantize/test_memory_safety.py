@@ -1,4 +1,4 @@
-"""Memory safety of the C kernels as a standing test: tests/memory_safety_sweep.py runs in a
+"""Memory safety of the C kernels as a standing test: tests/support/memory_safety_sweep.py runs in a
 child process with torchmx/csrc/mx_cpu.c built with -fsanitize=address,undefined (loaded into
 Python through ctypes, so the sanitizer runtimes are preloaded) and fails on any report.
 
@@ -8,14 +8,13 @@ TORCHMX_REQUIRE_SANITIZERS=1 turns that skip into a failure.
 """
 
 import os
-import pathlib
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-HERE = pathlib.Path(__file__).parent
+from repo import ROOT, SUPPORT
 # -O1 after the kernels' own -O3: sanitized builds compile twice as fast, and check as much.
 SANITIZE = ["-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer", "-g"]
@@ -62,10 +61,10 @@ def test_c_kernels_under_address_and_undefined_behavior_sanitizers(tmp_path):
                # Python keeps its interned objects to exit: no leak report.
                ASAN_OPTIONS="detect_leaks=0:halt_on_error=1",
                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
-               PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     for name in ("TORCHMX_BACKEND", "TORCHMX_CPU_BACKEND"):
         env.pop(name, None)
-    run = subprocess.run([sys.executable, str(HERE / "memory_safety_sweep.py")], env=env,
+    run = subprocess.run([sys.executable, str(SUPPORT / "memory_safety_sweep.py")], env=env,
                          capture_output=True, text=True, timeout=600)
     log = run.stdout[-3000:] + run.stderr[-6000:]
     sweep, _, canary = run.stderr.partition("AddressSanitizer")

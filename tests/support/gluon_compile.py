@@ -163,7 +163,7 @@ def compile_reports(cases: List[tuple]) -> list:
     """What each case (the module docstring's tuples) asks for (ptxas -v output, or PTX
     lines), compiled in one child process with Triton's interpreter off."""
     here = os.path.dirname(os.path.abspath(__file__))
-    path = os.pathsep.join(p for p in (os.path.dirname(here), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(here)), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=path)
     child = subprocess.run([sys.executable, __file__], input=json.dumps(cases), env=env,
                            capture_output=True, text=True, cwd=here)

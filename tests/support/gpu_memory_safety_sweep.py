@@ -1,6 +1,6 @@
 """The GPU half of the memory-safety sweep: every CUDA kernel path of torchmx fed crafted code
-and scale bytes, meant to run under `compute-sanitizer --tool memcheck` (tests/test_gpu_memory_safety.py
-starts it so; `python3 tests/gpu_memory_safety_sweep.py` runs it bare, `--device cpu` through the C kernels).
+and scale bytes, meant to run under `compute-sanitizer --tool memcheck` (tests/kernels/test_gpu_memory_safety.py
+starts it so; `python3 tests/support/gpu_memory_safety_sweep.py` runs it bare, `--device cpu` through the C kernels).
 
 PyTorch's caching allocator is off in the child (PYTORCH_NO_CUDA_MEMORY_CACHING=1, set by the
 test): every tensor is then its own allocation, so a read or write past a tensor's end leaves

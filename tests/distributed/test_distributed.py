@@ -1,5 +1,5 @@
 """torchmx under torch.distributed on CPU: 2 processes over gloo, spawned once for the module
-(tests/distributed_worker.py), each test checking what they saw against one process.
+(tests/support/distributed_worker.py), each test checking what they saw against one process.
 
 - FSDP2 QAT with MX all-gather: losses and parameters bit-identical to one process on the same
   global batch (as two micro-batches, so the fp32 sums run in the same order); the gathered

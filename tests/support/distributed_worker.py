@@ -1,4 +1,4 @@
-"""What each of the 2 gloo ranks of tests/test_distributed.py runs (one spawn for the whole
+"""What each of the 2 gloo ranks of tests/distributed/test_distributed.py runs (one spawn for the whole
 test module), and the models and data both the ranks and the one-process references build.
 
 Each rank saves what it saw to `<out>/rank<r>.pt`; checkpoints go to `<out>/qat` and `<out>/tp`.
@@ -230,7 +230,7 @@ def docs_snippets(out):
 
     from docs_markdown import blocks
 
-    page = pathlib.Path(__file__).resolve().parent.parent / "docs" / "distributed.md"
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "distributed.md"
     namespace = {"__name__": "__docs__"}
     for info, _, code in blocks(page.read_text()):
         if info == "python":
