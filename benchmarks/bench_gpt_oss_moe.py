@@ -10,8 +10,10 @@ MX experts' output against the fp32 products of the dequantized experts (rounded
 path rounds), then prints the median time per MoE call of each variant in each mode, and the
 ratios (targets of issue 47: MX >= 2.5x bf16, >= 4x dequantize-then-bf16; expert memory 0.27x
 of bf16). Variants:
-- bf16: transformers' GptOssExperts with the MX weights dequantized to bf16 (its per-expert
-  loop, whose host synchronizations make it uncapturable: no CUDA-graph column);
+- bf16: transformers' GptOssExperts with the MX weights dequantized to bf16 (its default
+  per-expert loop, whose host synchronizations make it uncapturable: no CUDA-graph column);
+- bf16 grouped: the same module with transformers' "grouped_mm" experts implementation (one
+  grouped bf16 GEMM per projection, no host synchronization);
 - MX: MXGptOssExperts (one routed launch per projection);
 - deq+bf16: each routed expert's MX weights dequantized to bf16 at every call, then the same
   per-expert loop in bf16 (uncapturable too).
@@ -34,6 +36,10 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
 from torchmx.huggingface import gpt_oss
 from torchmx.mx_ops import routed_linear
+
+
+BASELINES = ("bf16", "bf16 grouped", "deq+bf16")
+UNCAPTURABLE = ("bf16", "deq+bf16")
 
 
 def eager_us(fn, iters: int = 20, repeats: int = 5) -> float:
@@ -149,6 +155,13 @@ def main():
         getattr(bf16, proj).data = (mx.weight(proj, torch.bfloat16).dequantize()
                                     .transpose(1, 2).contiguous())
     dequantize_first = DequantizeThenBf16(mx)
+    grouped_config = GptOssConfig(hidden_size=args.hidden, intermediate_size=args.hidden,
+                                  num_local_experts=args.experts, num_experts_per_tok=args.top_k)
+    grouped_config._experts_implementation = "grouped_mm"
+    with torch.device("meta"):
+        grouped = GptOssExperts(grouped_config)
+    for param_name, param in bf16.named_parameters():
+        setattr(grouped, param_name, param)
 
     def nbytes(tensors):
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -162,7 +175,8 @@ def main():
     print(f"experts {args.experts}, H = I = {args.hidden}, top-{args.top_k}; expert weight bytes: "
           f"bf16 {bf16_bytes:,}, MX {mx_bytes:,} ({mx_bytes / bf16_bytes:.3f}x)")
     modes = args.modes.split(",")
-    variants = (("bf16", bf16), ("MX", mx), ("deq+bf16", dequantize_first))
+    variants = (("bf16", bf16), ("bf16 grouped", grouped), ("MX", mx),
+                ("deq+bf16", dequantize_first))
     best = {}  # tokens -> {variant: its fastest time over the modes}
     with torch.no_grad():
         for tokens in (1, 16):
@@ -180,9 +194,10 @@ def main():
             print(f"\ntokens {tokens}: MX output checked against the dequantized fp32 reference "
                   f"(routed kernel: {routed}); microseconds per MoE call")
             for mode in modes:
+                # not even tried: a failed capture can leave the stream unusable
                 figures = {label: "n/a (host syncs in its loop)"
-                           if mode == "graphs" and label != "MX"  # a failed capture can
-                           else timed(mode, module, (x, indices, weights))  # poison the stream
+                           if mode == "graphs" and label in UNCAPTURABLE
+                           else timed(mode, module, (x, indices, weights))
                            for label, module in variants}
                 cells = "  ".join(f"{label} {value:.1f}" if isinstance(value, float)
                                   else f"{label} {value}" for label, value in figures.items())
@@ -190,7 +205,7 @@ def main():
                 ratios = ""
                 if isinstance(mx_time, float):
                     ratios = "  ".join(f"MX vs {label} {figures[label] / mx_time:.2f}x"
-                                       for label in ("bf16", "deq+bf16")
+                                       for label in BASELINES
                                        if isinstance(figures[label], float))
                 print(f"  {mode:>7}: {cells}   {ratios}")
                 best.setdefault(tokens, {})
@@ -200,7 +215,7 @@ def main():
             fastest = best[tokens]
             print("  fastest mode of each: " + "  ".join(
                 f"MX vs {label} {fastest[label] / fastest['MX']:.2f}x"
-                for label in ("bf16", "deq+bf16") if label in fastest and "MX" in fastest))
+                for label in BASELINES if label in fastest and "MX" in fastest))
     log.close()
 
 

@@ -62,12 +62,14 @@ def test_mx_experts_on_routed_decode_tokens(tokens, path, monkeypatch):
     before = torch.cuda.memory_allocated()
     with torch.no_grad():
         out = experts(x, indices, weights)
+    torch.cuda.synchronize()
+    # Nothing of the experts' size stays behind (no dequantized copy cached): the output only.
+    # Measured before the reference, whose cuBLAS matmuls allocate cuBLAS's workspaces (32 MiB
+    # each on Hopper, kept for the process) through PyTorch's allocator.
+    grown = torch.cuda.memory_allocated() - before
+    assert grown <= out.numel() * out.element_size() + 4096, \
+        f"{grown} bytes stayed allocated after the call"
     assert out.dtype == torch.bfloat16 and out.shape == x.shape
     expected = reference(experts, x, indices, weights)
     # The same roundings; fp32 sums in another order may move a bf16 result by an ulp.
     torch.testing.assert_close(out, expected, rtol=2 ** -6, atol=2 ** -6 * expected.abs().max().item())
-    # nothing of the experts' size stays behind (no dequantized copy cached): the output only
-    del out
-    torch.cuda.synchronize()
-    grown = torch.cuda.memory_allocated() - before
-    assert grown < 8 * 1024 * 512, f"{grown} bytes stayed allocated after the call"
