@@ -138,9 +138,9 @@ def test_eligibility():
 
 def test_gpt_oss_experts_routed_forward(monkeypatch):
     """MXGptOssExperts' forward through the routed kernels (on CPU under the interpreter, the
-    kernels' devices widened; the dots kernel, cheaper to interpret) equals the operator's torch path (the routed experts' weights
-    dequantized) up to the order of fp32 sums and the sigmoid's ulp, and transformers' per
-    expert loop up to its bf16 sums."""
+    kernels' devices widened; the dots kernel, cheaper to interpret) equals the operator's torch
+    path (the routed experts' weights dequantized) up to the order of fp32 sums and the
+    sigmoid's ulp, and transformers' per expert loop up to its bf16 sums."""
     from torchmx.mx_ops import weight_matmul
 
     class Config:
@@ -160,7 +160,8 @@ def test_gpt_oss_experts_routed_forward(monkeypatch):
     indices = _routing(2, 4, 2, seed=5)
     weights = torch.softmax(torch.randn(2, 2, device=DEVICE), -1).to(torch.bfloat16)
     with torch.no_grad():
-        torch_path = experts._routed_forward(x, indices, weights)
+        torch_path = experts._routed_forward(x, indices, weights, experts._codes("gate_up_proj"),
+                                             experts._codes("down_proj"))
         loop = experts(x, indices, weights)
         monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
         monkeypatch.setattr(dispatch, "ROUTED_ROWS_MAX_PAIRS", 0)

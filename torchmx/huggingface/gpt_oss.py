@@ -152,10 +152,9 @@ class MXGptOssExperts(nn.Module):
         GptOssMLP passes them) -> [T, H]: for each expert some token was routed to, its tokens'
         two products with its MX weights, summed with their routing weights."""
         dtype = hidden_states.dtype
-        if routed_linear.usable(hidden_states, self.gate_up_proj_scales,
-                                self._codes("gate_up_proj"), "float4_e2m1", _BLOCK,
-                                router_indices.numel()):
-            return self._routed_forward(hidden_states, router_indices, routing_weights)
+        codes = self._routed_codes(hidden_states, router_indices.numel())
+        if codes is not None:
+            return self._routed_forward(hidden_states, router_indices, routing_weights, *codes)
         gate_up = self._expert_weights("gate_up_proj", dtype)
         down = self._expert_weights("down_proj", dtype)
         out = torch.zeros_like(hidden_states)
@@ -172,17 +171,42 @@ class MXGptOssExperts(nn.Module):
         blocks = getattr(self, f"{name}_blocks")
         return blocks.view(*blocks.shape[:2], -1)
 
-    def _routed_forward(self, hidden_states, router_indices, routing_weights):
+    def _routed_codes(self, hidden_states: torch.Tensor, pairs: int):
+        """(gate_up codes, down codes) when torchmx::mx_routed_linear runs its kernels for this
+        input, else None: decided once per input shape, dtype and device and buffers."""
+        if not routed_linear.usable_on(hidden_states.device):
+            return None
+
+        def decide():
+            gate_up, down = self._codes("gate_up_proj"), self._codes("down_proj")
+            ok = all(routed_linear.usable(x, getattr(self, f"{name}_scales"), codes,
+                                          "float4_e2m1", _BLOCK, pairs)
+                     for name, codes, x in (
+                         ("gate_up_proj", gate_up, hidden_states),
+                         ("down_proj", down,
+                          hidden_states.new_empty((pairs, self.intermediate_size)))))
+            return (gate_up, down) if ok else None
+
+        if torch.compiler.is_compiling():
+            return decide()
+        # replaced buffers (an assignment) make a new decision and drop the old views
+        source = tuple((id(b), b.data_ptr()) for b in self.buffers(recurse=False))
+        key = ("routed", hidden_states.shape, hidden_states.dtype, hidden_states.device, pairs)
+        views = _EXPERT_VIEWS.setdefault(self, {})
+        cached = views.get(key)
+        if cached is None or cached[0] != source:
+            cached = views[key] = (source, decide())
+        return cached[1]
+
+    def _routed_forward(self, hidden_states, router_indices, routing_weights, gate_up, down):
         """forward through torchmx::mx_routed_linear: one launch per projection."""
         top_k = router_indices.shape[-1]
         op = routed_linear.mx_routed_linear.eager()
-        gated = op(
-            hidden_states, router_indices, self.gate_up_proj_scales, self._codes("gate_up_proj"),
-            "float4_e2m1", _BLOCK, self.gate_up_proj_bias, top_k, self.alpha, self.limit)
-        down = op(
-            gated, router_indices, self.down_proj_scales, self._codes("down_proj"),
-            "float4_e2m1", _BLOCK, self.down_proj_bias, 1, None, None)
-        weighted = (down.view(*router_indices.shape, -1) * routing_weights[..., None])
+        gated = op(hidden_states, router_indices, self.gate_up_proj_scales, gate_up,
+                   "float4_e2m1", _BLOCK, self.gate_up_proj_bias, top_k, self.alpha, self.limit)
+        out = op(gated, router_indices, self.down_proj_scales, down, "float4_e2m1", _BLOCK,
+                 self.down_proj_bias, 1, None, None)
+        weighted = out.view(*router_indices.shape, -1) * routing_weights[..., None]
         return weighted.to(hidden_states.dtype).sum(1)
 
     def extra_repr(self) -> str:

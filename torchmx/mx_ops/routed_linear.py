@@ -1,4 +1,4 @@
-"""Routed (token, expert) pairs times their experts' MX weights: `torch.ops.torchmx.mx_routed_linear`.
+"""Routed (token, expert) pairs times their experts' MX weights: torchmx::mx_routed_linear.
 
     mx_routed_linear(input, experts, weight_scale, weight_data, elem_dtype_name, block_size,
                      bias, per_row, swiglu_alpha, swiglu_limit)
@@ -22,17 +22,34 @@ from .._library import custom_op
 from ..numerics import arguments as args
 from .weight_matmul import _kernels_usable
 
-__all__ = ["mx_routed_linear", "usable"]
+__all__ = ["mx_routed_linear", "usable", "usable_on"]
+
+
+def usable_on(device: torch.device) -> bool:
+    """Whether the routed kernels run on `device` at all (read at every call: the backend and
+    the kernels' devices can change in a process)."""
+    return _kernels_usable(device)
+
+
+# what routed_eligible depends on (shapes, strides, dtypes, device, format, pairs) -> its answer
+_ELIGIBLE = {}
 
 
 def usable(input: Tensor, weight_scale: Tensor, weight_data: Tensor, elem_dtype_name: str,
            block_size: int, pairs: int) -> bool:
-    """Whether mx_routed_linear runs the routed kernel for these operands."""
+    """Whether mx_routed_linear runs the routed kernels for these operands."""
     if not _kernels_usable(input.device):
         return False
-    from ..kernels.linear import dispatch
-    return dispatch.routed_eligible(input, weight_scale, weight_data,
-                                    args.check_elem_dtype(elem_dtype_name), block_size, pairs)
+    key = (input.shape, input.stride(), input.dtype, input.device, weight_scale.shape,
+           weight_scale.stride(), weight_data.shape, weight_data.stride(), weight_data.dtype,
+           elem_dtype_name, block_size, pairs)
+    eligible = _ELIGIBLE.get(key)
+    if eligible is None:
+        from ..kernels.linear import dispatch
+        eligible = _ELIGIBLE[key] = dispatch.routed_eligible(
+            input, weight_scale, weight_data, args.check_elem_dtype(elem_dtype_name), block_size,
+            pairs)
+    return eligible
 
 
 def _gate(h: Tensor, alpha: float, limit: float) -> Tensor:

@@ -175,8 +175,9 @@ def register_attention_functions() -> None:
 def record_attention(model, modules, config) -> None:
     """Write `model.config.torchmx_attention` ({"modules": names, "config": QAttentionConfig
     dict}) for a transformers model whose attention `modules` (names in `model`, or in its
-    base model when `model` is that) now run their matmuls per `config`: save_pretrained writes it to config.json and TorchMXConfig's
-    quantizer applies it again when the model loads (`restore_attention`)."""
+    base model when `model` is that) now run their matmuls per `config`: save_pretrained
+    writes it to config.json and TorchMXConfig's quantizer applies it again when the model
+    loads (`restore_attention`)."""
     model_config = getattr(model, "config", None)
     if model_config is None or not hasattr(model_config, "to_dict"):
         return
