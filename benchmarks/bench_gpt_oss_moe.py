@@ -35,7 +35,6 @@ from transformers import GptOssConfig
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
 from torchmx.huggingface import gpt_oss
-from torchmx.kernels.linear import dispatch
 
 
 BASELINES = ("bf16", "bf16 grouped", "deq+bf16")
@@ -211,20 +210,6 @@ def main():
                 for label, value in figures.items():
                     if isinstance(value, float):
                         best[tokens][label] = min(value, best[tokens].get(label, value))
-            if "graphs" in modes:  # the kernel choice (dispatch.ROUTED_ROWS_MAX_PAIRS)
-                choice = []
-                for kernel, limit in (("rows", dispatch.ROUTED_MAX_PAIRS), ("dots", 0)):
-                    saved, dispatch.ROUTED_ROWS_MAX_PAIRS = dispatch.ROUTED_ROWS_MAX_PAIRS, limit
-                    try:
-                        torch.testing.assert_close(mx(x, indices, weights), expected,
-                                                   rtol=2 ** -6,
-                                                   atol=2 ** -6 * expected.abs().max().item())
-                        took = graph_us(lambda: mx(x, indices, weights))
-                        choice.append(f"{kernel} kernel {took:.1f}")
-                    finally:
-                        dispatch.ROUTED_ROWS_MAX_PAIRS = saved
-                print(f"  MX in CUDA graphs by routed kernel: {'  '.join(choice)} "
-                      f"(dispatch takes rows up to {dispatch.ROUTED_ROWS_MAX_PAIRS} pairs)")
             fastest = best[tokens]
             print("  fastest mode of each: " + "  ".join(
                 f"MX vs {label} {fastest[label] / fastest['MX']:.2f}x"

@@ -43,26 +43,17 @@ def _reference_rows(x, w, experts, per_row, bias):
     return out.to(x.dtype)
 
 
-@pytest.fixture(params=["rows", "dots"])
-def variant(request, monkeypatch):
-    """Which of routed_gemv's kernels dispatch takes: one program per pair, or per expert."""
-    monkeypatch.setattr(dispatch, "ROUTED_ROWS_MAX_PAIRS", 64 if request.param == "rows" else 0)
-    return request.param
-
-
 def _routed(x, w, experts, per_row, bias, swiglu=None):
     return dispatch.routed_linear(x, experts, w._scale_e8m0, w._data, w.elem_dtype, w.block_size,
                                   bias, per_row, swiglu)
 
 
-@pytest.mark.parametrize("kernel,dtype,T,top_k,E,N,K", [
-    ("rows", torch.bfloat16, 1, 4, 6, 16, 64), ("rows", torch.bfloat16, 1, 3, 4, 5, 2112),
-    ("dots", torch.float16, 3, 2, 5, 20, 96),
-    ("dots", torch.bfloat16, 4, 3, 4, 128, 64)], ids=str)
-def test_exact_on_exact_sums(kernel, dtype, T, top_k, E, N, K, monkeypatch):
-    """Whole and partial row tiles, one step of blocks and several, partial steps; runs of
-    one expert of 1 to 4 rows (dots)."""
-    monkeypatch.setattr(dispatch, "ROUTED_ROWS_MAX_PAIRS", 64 if kernel == "rows" else 0)
+@pytest.mark.parametrize("dtype,T,top_k,E,N,K", [
+    (torch.bfloat16, 1, 4, 6, 16, 64), (torch.float16, 3, 2, 5, 20, 96),
+    (torch.bfloat16, 1, 3, 4, 5, 2112)], ids=str)
+def test_exact_on_exact_sums(dtype, T, top_k, E, N, K):
+    """Whole and partial row tiles (N % 8), one step of blocks and several, partial steps;
+    several pairs of one expert."""
     w = _experts(E, N, K)
     g = torch.Generator().manual_seed(1)
     x = torch.randint(-4, 5, (T, K), generator=g).to(dtype).to(DEVICE)
@@ -77,7 +68,7 @@ def test_exact_on_exact_sums(kernel, dtype, T, top_k, E, N, K, monkeypatch):
                        _reference_rows(pairs, w, experts, 1, None))
 
 
-def test_one_byte_codes_and_special_scales(variant):
+def test_one_byte_codes_and_special_scales():
     """MXFP8 e4m3 weights (rows variant's byte decode); a NaN scale byte makes its row NaN,
     the largest scale overflows to Inf, the smallest is exact."""
     from torchmx import MXTensor
@@ -107,7 +98,7 @@ def _gate_reference(h, alpha, limit):
     return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
-def test_gated_epilogue(variant):
+def test_gated_epilogue():
     """The SwiGLU epilogue equals transformers' gate on the rounded rows, but for the sigmoid's
     fp32 ulp: every output within one bf16 ulp, and nearly all equal."""
     T, top_k, E, N, K = 3, 2, 4, 16, 64
@@ -137,10 +128,10 @@ def test_eligibility():
 
 
 def test_gpt_oss_experts_routed_forward(monkeypatch):
-    """MXGptOssExperts' forward through the routed kernels (on CPU under the interpreter, the
-    kernels' devices widened; the dots kernel, cheaper to interpret) equals the operator's torch
-    path (the routed experts' weights dequantized) up to the order of fp32 sums and the
-    sigmoid's ulp, and transformers' per expert loop up to its bf16 sums."""
+    """MXGptOssExperts' forward through the routed kernel (on CPU under the interpreter, the
+    kernels' devices widened) equals the operator's torch path (the routed experts' weights
+    dequantized) up to the order of fp32 sums and the sigmoid's ulp, and transformers' per
+    expert loop up to its bf16 sums."""
     from torchmx.mx_ops import weight_matmul
 
     class Config:
@@ -164,7 +155,6 @@ def test_gpt_oss_experts_routed_forward(monkeypatch):
                                              experts._codes("down_proj"))
         loop = experts(x, indices, weights)
         monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
-        monkeypatch.setattr(dispatch, "ROUTED_ROWS_MAX_PAIRS", 0)
         routed = experts(x, indices, weights)
     assert routed.shape == x.shape and routed.dtype == torch.bfloat16
     torch.testing.assert_close(routed, torch_path, rtol=2 ** -7, atol=2 ** -7)

@@ -25,10 +25,12 @@ once to the output dtype:
   split into two bf16 parts (x = hi + lo exactly) whose products are accumulated in fp32.
 
 Routed pairs of a mixture of experts (`routed_linear`): each (token, expert) pair's row times
-its expert's weight from a 3-D MX tensor [E, N, K], all pairs in one launch of one of
-routed_gemv.py's kernels (the rows variant per pair for up to ROUTED_ROWS_MAX_PAIRS pairs, else
-the block-dots variant per expert on the pairs sorted by expert), optionally with gpt-oss's
-gated activation in its epilogue; up to ROUTED_MAX_PAIRS pairs (decode).
+its expert's weight from a 3-D MX tensor [E, N, K], all pairs in one launch of routed_gemv.py's
+kernel (the rows variant, one program per pair and tile of weight rows), optionally with
+gpt-oss's gated activation in its epilogue; up to ROUTED_MAX_PAIRS pairs (decode). Pairs of one
+expert each decode its weight: a variant that decodes each tile once for all the expert's
+pairs (block dots on the pairs sorted by expert) was measured slower on an H200 at 1 and 16
+gpt-oss tokens (benchmarks/results/gpt_oss_moe_2026-11-28_0841_nvidia-h200.txt).
 
 Which formats qualify: those whose unscaled values the activation dtype holds exactly (all
 OCP formats in bf16 and fp16; custom ExMy formats when their mantissa and exponent range fit),
@@ -46,7 +48,7 @@ from .._common import block_m_for, interpreting, packed_decode_constants, sm_cou
 from .._launch import Launch
 
 __all__ = ["SMALL_M", "supported", "linear", "fused_linear", "dequantized_linear", "Config",
-           "ROUTED_MAX_PAIRS", "ROUTED_ROWS_MAX_PAIRS", "routed_eligible", "routed_linear"]
+           "ROUTED_MAX_PAIRS", "routed_eligible", "routed_linear"]
 
 # Up to this many activation rows the fused kernel beats dequantize + cuBLAS (measured on an
 # H200, benchmarks/bench_gpu_matmul.py).
@@ -458,9 +460,6 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
 # Routed pairs per launch up to which routed_linear takes them (16 decode tokens x top-4 of
 # gpt-oss); above, each expert's rows are one F.linear (prefill).
 ROUTED_MAX_PAIRS = 64
-# Up to this many pairs (one decode token of gpt-oss's top-4), one program per pair and tile
-# (routed_gemv's rows kernel); more, the pairs grouped by expert (its dots kernel).
-ROUTED_ROWS_MAX_PAIRS = 4
 
 
 def routed_eligible(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
@@ -477,58 +476,37 @@ def routed_eligible(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor
 
 class RoutedPlan:
     """routed_linear's launch for products like the one it is built from (same shapes,
-    strides, dtypes, alignments, format, bias or none, gate or none): decided once. Up to
-    ROUTED_ROWS_MAX_PAIRS pairs, routed_gemv's rows kernel (one program per pair and tile);
-    more, its dots kernel on the pairs sorted by expert (each weight tile read once for all
-    the rows routed to its expert)."""
+    strides, dtypes, alignments, format, bias or none, gate or none): decided once."""
 
     def __init__(self, x, experts, w_scale, w_data, fmt: dtypes.DType, block_size: int, bias,
                  per_row: int, swiglu):
-        from .routed_gemv import routed_dots_kernel, routed_rows_kernel
+        from .routed_gemv import routed_rows_kernel
         E, N, blocks_k = w_scale.shape
         K = x.shape[1]
         pairs = experts.numel()
-        self.out_shape = (pairs, N // 2 if swiglu is not None else N)
-        self.dtype, self.device = x.dtype, x.device
-        self.grouped = pairs > ROUTED_ROWS_MAX_PAIRS
-        alpha, limit = swiglu if swiglu is not None else (0.0, 0.0)
-        scalars = (N, K, blocks_k, per_row, float(alpha), float(limit), x.stride(0), x.stride(1),
-                   *w_data.stride(), *w_scale.stride(),
-                   bias.stride(0) if bias is not None else 0, self.out_shape[1])
-        common = dict(BLOCK=block_size, HAS_BIAS=bias is not None, SWIGLU=swiglu is not None,
-                      INTERPRETER=interpreting(), num_warps=4, **packed_decode_constants(fmt))
-        if self.grouped:
-            block_n = 64
-            # a run of one expert is at most every pair: BLOCK_M rows hold it
-            block_m = max(16, 1 << (pairs - 1).bit_length())
-            self.main = Launch(routed_dots_kernel, (pairs, -(-N // block_n)),
-                (None,) * 7 + (pairs, x.shape[0]) + scalars,
-                dict(BLOCK_N=block_n, BLOCK_M=block_m, num_stages=2,
-                     EVEN=N % block_n == 0 and K == blocks_k * block_size,
-                     FAST=_fast_decode(fmt, x.device, BLOCK_DOTS), **common),
-                range(7))
-            return
         block_n, nb = {2: (8, 64), 4: (64, 4)}.get(fmt.codes_per_group, (8, 32))
         nb = min(nb, 1 << max(0, blocks_k - 1).bit_length())
         expert0 = w_data[0]
         fast = _fast_decode(fmt, x.device, ROWS,
                             _whole_words(fmt, expert0, K) and w_data.stride(0) % 4 == 0)
         words = _read_words(fmt, expert0, K, ROWS, fast) and w_data.stride(0) % 4 == 0
+        self.out_shape = (pairs, N // 2 if swiglu is not None else N)
+        self.dtype, self.device = x.dtype, x.device
+        alpha, limit = swiglu if swiglu is not None else (0.0, 0.0)
         self.main = Launch(routed_rows_kernel, (pairs, -(-N // block_n)),
-            (None,) * 6 + scalars,
-            dict(BLOCK_N=block_n, NB=nb, num_stages=2,
+            (None,) * 6 + (N, K, blocks_k, per_row, float(alpha), float(limit),
+                           x.stride(0), x.stride(1), *w_data.stride(), *w_scale.stride(),
+                           bias.stride(0) if bias is not None else 0, self.out_shape[1]),
+            dict(BLOCK=block_size, BLOCK_N=block_n, NB=nb,
                  EVEN=N % block_n == 0 and K == blocks_k * block_size and blocks_k % nb == 0,
-                 WORDS=words, FAST=fast, **common),
+                 HAS_BIAS=bias is not None, SWIGLU=swiglu is not None, WORDS=words, FAST=fast,
+                 INTERPRETER=interpreting(), num_warps=4, num_stages=2,
+                 **packed_decode_constants(fmt)),
             range(6))
 
     def __call__(self, x, experts, w_scale, w_data, bias) -> torch.Tensor:
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-        bias_arg = bias if bias is not None else out
-        if self.grouped:
-            sorted_experts, order = torch.sort(experts, stable=True)
-            self.main(x, w_data, w_scale, bias_arg, out, sorted_experts, order)
-        else:
-            self.main(x, w_data, w_scale, bias_arg, out, experts)
+        self.main(x, w_data, w_scale, bias if bias is not None else out, out, experts)
         return out
 
 
@@ -544,9 +522,8 @@ def routed_linear(x: torch.Tensor, experts: torch.Tensor, w_scale: torch.Tensor,
     experts = experts.reshape(-1).contiguous()
     if bias is not None:
         bias = bias.to(x.dtype).contiguous()
-    key = ("routed", experts.numel() > ROUTED_ROWS_MAX_PAIRS, x.shape, x.stride(), x.dtype,
-           x.data_ptr() & 15, x.device, experts.dtype, experts.numel(), experts.data_ptr() & 15,
-           fmt, block_size, w_data.shape, w_data.stride(), w_data.data_ptr() & 15,
+    key = ("routed", x.shape, x.stride(), x.dtype, x.data_ptr() & 15, x.device, experts.dtype,
+           experts.numel(), experts.data_ptr() & 15, fmt, block_size, w_data.shape, w_data.stride(), w_data.data_ptr() & 15,
            w_scale.shape, w_scale.stride(), w_scale.data_ptr() & 15,
            None if bias is None else (bias.stride(), bias.data_ptr() & 15), per_row, swiglu)
     plan = _PLANS.get(key)

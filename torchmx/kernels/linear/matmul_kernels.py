@@ -382,8 +382,8 @@ def _rows_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB: tl.constexpr,
-                 EVEN: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False):
+def _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB: tl.constexpr,
+                  EVEN: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False):
     """fp32 [BLOCK_N, NB]: the scales 2**(s - 127) of blocks b0 .. b0 + NB - 1 (0 at or past
     `last`). BLOCK_MAJOR: in `_block_major_codes`' layout, one byte at a time (a load
     vectorized along the blocks would need a layout conversion through shared memory)."""
@@ -427,8 +427,8 @@ def row_times_blocks(w_ptr, s_ptr, x_row_ptr, offs_n, N, K, first, last, blocks_
         else:
             raw = _raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK, NB,
                              CPG, EVEN, WORDS)
-        scale = block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB, EVEN,
-                             BLOCK_MAJOR)
+        scale = _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB, EVEN,
+                              BLOCK_MAJOR)
         acc += scale * _rows_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, CPG,
                                      EVEN, WORDS, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
                                      LSB, TO_VALUE, INTERPRETER, BLOCK_MAJOR)
@@ -447,14 +447,13 @@ def _dot(value, x, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
-def dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn, stride_wk,
-              stride_xm, stride_xk, BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
-              NB: tl.constexpr, CPG: tl.constexpr, SCALED: tl.constexpr, EVEN: tl.constexpr,
-              INTERPRETER: tl.constexpr, FAST: tl.constexpr, IS_INT: tl.constexpr,
-              BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr,
-              HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr):
-    """fp32 [BLOCK_N, BLOCK_M]: the activation rows offs_m times the blocks b0 .. b0 + NB - 1
-    (rows at or past M read as 0; also routed_gemv's grouped kernel, one expert's rows).
+def _dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn, stride_wk,
+               stride_xm, stride_xk, BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
+               NB: tl.constexpr, CPG: tl.constexpr, SCALED: tl.constexpr, EVEN: tl.constexpr,
+               INTERPRETER: tl.constexpr, FAST: tl.constexpr, IS_INT: tl.constexpr,
+               BITS: tl.constexpr, MBITS: tl.constexpr, HAS_INF: tl.constexpr,
+               HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr):
+    """fp32 [BLOCK_N, BLOCK_M]: the activation rows offs_m times the blocks b0 .. b0 + NB - 1.
     SCALED: the values scaled in fp32 and rounded to x's dtype, one dot; else NB = 1, a dot of
     unscaled values whose fp32 result is scaled."""
     STEP: tl.constexpr = 2 if CPG == 2 else 1
@@ -527,11 +526,11 @@ def mx_weight_matmul_kernel(
         out = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for i in range(0, blocks_per_split, NB):
             b0 = first + i
-            scale = block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB, EVEN)
-            out += dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn,
-                             stride_wk, stride_xm, stride_xk, BLOCK_N, BLOCK, NB, CPG,
-                             VARIANT == 2, EVEN, INTERPRETER, FAST, IS_INT, BITS, MBITS,
-                             HAS_INF, HAS_NAN, LSB, TO_VALUE)
+            scale = _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB, EVEN)
+            out += _dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn,
+                              stride_wk, stride_xm, stride_xk, BLOCK_N, BLOCK, NB, CPG,
+                              VARIANT == 2, EVEN, INTERPRETER, FAST, IS_INT, BITS, MBITS,
+                              HAS_INF, HAS_NAN, LSB, TO_VALUE)
         rows = offs_m[None, :]
         cols = offs_n[:, None]
         mask = (rows < M) & (cols < N)

@@ -3,17 +3,11 @@ launch: out[p, n] = sum_k x[p // PER_ROW, k] * W[experts[p], n, k] + bias[expert
 
 W is a 3-D MX tensor [E, N, K] with blocks along K (experts on dim 0: gpt-oss's
 `{gate_up,down}_proj_{blocks,scales}`, codes [E, N, packed(K)] and scale bytes [E, N, K /
-BLOCK]), read in place at the expert's offset. Two kernels:
-
-- `routed_rows_kernel` (one routed row per expert, e.g. one decode token): a program takes one
-  pair (axis 0) and BLOCK_N weight rows (axis 1): matmul_kernels.row_times_blocks, the rows
-  variant of the fused MX-weight kernel, on that expert's rows.
-- `routed_dots_kernel` (several rows per expert): the pairs sorted by expert (`sorted_experts`,
-  and `order`, the pair at each sorted position); a program takes the run of pairs of one
-  expert that starts at its sorted position (axis 0; programs at other positions return at
-  once), up to BLOCK_M of them, and BLOCK_N weight rows (axis 1): matmul_kernels.dots_step,
-  the block-dots variant (a tensor-core dot of each block's unscaled values with the rows, its
-  fp32 result scaled), so each weight tile is read and decoded once for all its rows.
+BLOCK]), read in place at each pair's expert's offset. A program takes one pair (axis 0) and
+BLOCK_N weight rows (axis 1): matmul_kernels.row_times_blocks, the rows variant of the fused
+MX-weight kernel, on that expert's rows. Pairs run along axis 0 so that the programs of one
+tile of rows for every pair are scheduled together: pairs routed to the same expert read its
+tile at the same time, from L2 after the first.
 
 Products are exact and sums fp32, rounded once with the bias (the contract of
 kernels/linear/dispatch.py). SWIGLU: the rounded rows are gpt-oss's interleaved gate (even
@@ -29,9 +23,9 @@ import triton
 import triton.language as tl
 
 from .._tl_numerics import to_output
-from .matmul_kernels import block_scales, dots_step, row_times_blocks
+from .matmul_kernels import row_times_blocks
 
-__all__ = ["routed_rows_kernel", "routed_dots_kernel"]
+__all__ = ["routed_rows_kernel"]
 
 
 @triton.jit
@@ -41,9 +35,10 @@ def _rounded(value, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
-def _swiglu(gate, up, alpha, limit, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
-    """Rounded gate and up values -> the gated values, fp32 holding `dtype` values.
-    Comparisons keep a NaN (as torch.clamp does)."""
+def _swiglu(h, alpha, limit, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
+    """[BLOCK_N] rounded rows (gate, up interleaved) -> [BLOCK_N // 2] gated values, fp32
+    holding `dtype` values. Comparisons keep a NaN (as torch.clamp does)."""
+    gate, up = tl.split(h.reshape(h.shape[0] // 2, 2))
     gate = tl.where(gate > limit, limit, gate)
     up = tl.where(up > limit, limit, tl.where(up < -limit, -limit, up))
     t = _rounded(gate * alpha, dtype, INTERPRETER)
@@ -80,62 +75,9 @@ def routed_rows_kernel(
                        other=0.0).to(tl.float32)
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     row = out_ptr + pair.to(tl.int64) * stride_om
-    if SWIGLU:  # rows 2j, 2j + 1: gate and up of column j
-        gate, up = tl.split(_rounded(out, dtype, INTERPRETER).reshape(BLOCK_N // 2, 2))
-        gated = _swiglu(gate, up, alpha, limit, dtype, INTERPRETER)
+    if SWIGLU:
+        gated = _swiglu(_rounded(out, dtype, INTERPRETER), alpha, limit, dtype, INTERPRETER)
         cols = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         tl.store(row + cols, to_output(gated, dtype, INTERPRETER), mask=cols < N // 2)
     else:
         tl.store(row + offs_n, to_output(out, dtype, INTERPRETER), mask=offs_n < N)
-
-
-@triton.jit
-def routed_dots_kernel(
-    x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, sorted_ptr, order_ptr,
-    P, X_ROWS, N, K, blocks_k, PER_ROW, alpha, limit,
-    stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    stride_be, stride_om,
-    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, FAST: tl.constexpr, CPG: tl.constexpr,
-    INTERPRETER: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
-    HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr,
-):
-    """Program (sorted position s, tile of BLOCK_N rows): if s starts a run of one expert in
-    sorted_experts [P], the rows order[s + m] of out (m < the run's length, at most BLOCK_M)
-    from rows order[s + m] // PER_ROW of x (X_ROWS rows). EVEN: N a multiple of BLOCK_N and K
-    of BLOCK (no weight load masked)."""
-    s = tl.program_id(0)
-    expert = tl.load(sorted_ptr + s)
-    previous = tl.load(sorted_ptr + tl.maximum(s - 1, 0))
-    if (s == 0) | (previous != expert):
-        m = tl.arange(0, BLOCK_M)
-        at = s + m
-        in_run = tl.load(sorted_ptr + at, mask=at < P, other=-1) == expert  # sorted: contiguous
-        pair = tl.load(order_ptr + at, mask=in_run, other=0)
-        rows = tl.where(in_run, pair // PER_ROW, X_ROWS)  # X_ROWS: read as 0
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        w = w_ptr + expert.to(tl.int64) * stride_we
-        scales = s_ptr + expert.to(tl.int64) * stride_se
-        out = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for b in range(0, blocks_k):
-            scale = block_scales(scales, offs_n, N, b, blocks_k, stride_sn, stride_sk, 1, EVEN)
-            out += dots_step(w, x_ptr, offs_n, rows, X_ROWS, N, K, b, blocks_k, scale, stride_wn,
-                             stride_wk, stride_xm, stride_xk, BLOCK_N, BLOCK, 1, CPG, False,
-                             EVEN, INTERPRETER, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN,
-                             LSB, TO_VALUE)
-        if HAS_BIAS:
-            out += tl.load(bias_ptr + expert.to(tl.int64) * stride_be + offs_n, mask=offs_n < N,
-                           other=0.0).to(tl.float32)[:, None]
-        dtype: tl.constexpr = out_ptr.dtype.element_ty
-        out_rows = out_ptr + pair.to(tl.int64)[None, :] * stride_om
-        if SWIGLU:  # rows 2j, 2j + 1: gate and up of column j
-            h = tl.permute(_rounded(out, dtype, INTERPRETER).reshape(BLOCK_N // 2, 2, BLOCK_M),
-                           (0, 2, 1))
-            gate, up = tl.split(h)
-            gated = _swiglu(gate, up, alpha, limit, dtype, INTERPRETER)
-            cols = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-            tl.store(out_rows + cols[:, None], to_output(gated, dtype, INTERPRETER),
-                     mask=(cols < N // 2)[:, None] & in_run[None, :])
-        else:
-            tl.store(out_rows + offs_n[:, None], to_output(out, dtype, INTERPRETER),
-                     mask=(offs_n < N)[:, None] & in_run[None, :])
