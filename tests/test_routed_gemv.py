@@ -159,3 +159,19 @@ def test_gpt_oss_experts_routed_forward(monkeypatch):
     assert routed.shape == x.shape and routed.dtype == torch.bfloat16
     torch.testing.assert_close(routed, torch_path, rtol=2 ** -7, atol=2 ** -7)
     torch.testing.assert_close(routed, loop, rtol=2 ** -6, atol=2 ** -6 * loop.abs().max().item())
+
+
+def test_operator_opcheck_and_errors():
+    w = _experts(3, 8, 64)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 64, generator=g).to(torch.bfloat16).to(DEVICE)
+    experts = torch.tensor([[0, 2], [1, 0]], device=DEVICE)
+    bias = torch.randn(3, 8, generator=g).to(torch.bfloat16).to(DEVICE)
+    op = torch.ops.torchmx.mx_routed_linear.default
+    parts = (w._scale_e8m0, w._data, "float4_e2m1", 32)
+    torch.library.opcheck(op, (x, experts, *parts, bias, 2, 1.702, 7.0))
+    torch.library.opcheck(op, (x.repeat_interleave(2, 0), experts, *parts, None, 1, None, None))
+    with pytest.raises(ValueError, match="swiglu_alpha and swiglu_limit"):
+        op(x, experts, *parts, bias, 2, 1.702, None)
+    with pytest.raises(ValueError, match="3-D weight parts"):
+        op(x, experts, w._scale_e8m0[0], w._data[0], "float4_e2m1", 32, None, 2, None, None)

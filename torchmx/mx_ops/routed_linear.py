@@ -5,8 +5,9 @@
 
 row p of the result = F.linear(input[p // per_row], W[experts[p]], bias[experts[p]]), rounded
 once to input's dtype, for the 3-D MX weight W [E, N, K] (blocks along K) given by its scale
-bytes [E, N, K / block_size] and codes [E, N, packed(K)], experts int [P]. With swiglu_alpha
-and swiglu_limit, the rows are gpt-oss's interleaved gate / up and the result is its gated
+bytes [E, N, K / block_size] and codes [E, N, packed(K)], experts int [P] in [0, E) (not
+checked on a GPU, where a check would wait for the device). With swiglu_alpha and
+swiglu_limit, the rows are gpt-oss's interleaved gate / up and the result is its gated
 activation [P, N / 2] (kernels/linear/routed_gemv.py states the roundings). On CUDA (where
 `usable` says so) one launch of that kernel; elsewhere the same computed from the routed
 experts' dequantized weights (exact products, fp32 sums, the same roundings in torch ops).
