@@ -404,15 +404,17 @@ def _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB: tl.const
 
 
 @triton.jit
-def _rows(w_ptr, s_ptr, x_row_ptr, offs_n, N, K, first, last, blocks_per_split, stride_wn,
-          stride_wk, stride_sn, stride_sk, stride_xk, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-          NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr,
-          FAST: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
-          HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
-          TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
-    """fp32 [BLOCK_N]: one activation row times the blocks first .. last - 1 of W's rows offs_n.
-    Per-block sums are kept apart and added across blocks once, after the loop (no cross-thread
-    reduction per step)."""
+def row_times_blocks(w_ptr, s_ptr, x_row_ptr, offs_n, N, K, first, last, blocks_per_split,
+                     stride_wn, stride_wk, stride_sn, stride_sk, stride_xk, BLOCK: tl.constexpr,
+                     BLOCK_N: tl.constexpr, NB: tl.constexpr, CPG: tl.constexpr,
+                     EVEN: tl.constexpr, WORDS: tl.constexpr, FAST: tl.constexpr,
+                     IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+                     HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
+                     TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
+    """fp32 [BLOCK_N]: one activation row times the blocks first .. last - 1 of W's rows offs_n
+    (the rows variant's body; also routed_gemv's, one row per routed pair). Per-block sums
+    are kept apart and added across blocks once, after the loop (no cross-thread reduction
+    per step)."""
     # fp4 words and fp8 bytes: see _block_major_codes (MXINT8, bound by its int-to-float
     # conversions, measured no faster so on an H100)
     BLOCK_MAJOR: tl.constexpr = FAST == 5 or (CPG == 1 and not IS_INT)
@@ -512,10 +514,10 @@ def mx_weight_matmul_kernel(
     first = pid_k * blocks_per_split
     last = tl.minimum(first + blocks_per_split, blocks_k)
     if VARIANT == 0:
-        out = _rows(w_ptr, s_ptr, x_ptr + pid_m * stride_xm, offs_n, N, K, first, last,
-                    blocks_per_split, stride_wn, stride_wk, stride_sn, stride_sk, stride_xk,
-                    BLOCK, BLOCK_N, NB, CPG, EVEN, WORDS, FAST, IS_INT, BITS, MBITS, HAS_INF,
-                    HAS_NAN, LSB, TO_VALUE, INTERPRETER)
+        out = row_times_blocks(w_ptr, s_ptr, x_ptr + pid_m * stride_xm, offs_n, N, K, first,
+                               last, blocks_per_split, stride_wn, stride_wk, stride_sn,
+                               stride_sk, stride_xk, BLOCK, BLOCK_N, NB, CPG, EVEN, WORDS, FAST,
+                               IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE, INTERPRETER)
         rows = pid_m
         cols = offs_n
         mask = n_ok & (pid_m < M)
