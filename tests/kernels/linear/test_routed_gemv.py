@@ -4,7 +4,7 @@ gpt-oss's layout, in one launch; with gpt-oss's gated activation in the epilogue
 
 On CPU it runs under Triton's interpreter (conftest sets it); on a CUDA machine the same tests
 run the rows variant's fast decodes. Exact checks use operands whose every fp32 sum is exact, so
-any accumulation order must give the reference's bits (as tests/test_byte_gemv.py states it)."""
+any accumulation order must give the reference's bits (as tests/kernels/linear/test_byte_gemv.py states it)."""
 
 import pytest
 import torch
@@ -175,3 +175,46 @@ def test_operator_opcheck_and_errors():
         op(x, experts, *parts, bias, 2, 1.702, None)
     with pytest.raises(ValueError, match="3-D weight parts"):
         op(x, experts, w._scale_e8m0[0], w._data[0], "float4_e2m1", 32, None, 2, None, None)
+
+
+def test_operator_rejects_operands_it_would_read_past():
+    w = _experts(3, 8, 64)
+    x = torch.randn(2, 64).to(torch.bfloat16).to(DEVICE)
+    experts = torch.tensor([[0, 2], [1, 0]], device=DEVICE)
+    op = torch.ops.torchmx.mx_routed_linear.default
+    parts = (w._scale_e8m0, w._data, "float4_e2m1", 32)
+    with pytest.raises(TypeError, match="experts must hold integers"):
+        op(x, experts.float(), *parts, None, 2, None, None)
+    with pytest.raises(ValueError, match="input rows x per_row"):
+        op(x, experts, *parts, None, 1, None, None)
+    with pytest.raises(ValueError, match="per_row must be a positive int"):
+        op(x[:0], experts[:0], *parts, None, 0, None, None)
+    with pytest.raises(ValueError, match="64 columns, the weight 3 blocks"):
+        op(x, experts, w._scale_e8m0.repeat(1, 1, 3)[:, :, :3], w._data, "float4_e2m1", 32,
+           None, 2, None, None)
+    with pytest.raises(ValueError, match=r"weight_data must hold uint8 codes \[E, N, 32\]"):
+        op(x, experts, w._scale_e8m0, w._data[:, :, :16], "float4_e2m1", 32, None, 2, None, None)
+    with pytest.raises(ValueError, match="disagree on experts and rows"):
+        op(x, experts, w._scale_e8m0, w._data[:2], "float4_e2m1", 32, None, 2, None, None)
+    with pytest.raises(ValueError, match=r"bias must be \[3, 8\]"):
+        op(x, experts, *parts, torch.zeros(3, 4, dtype=x.dtype, device=DEVICE), 2, None, None)
+
+
+@pytest.mark.parametrize("bad", [-1, 3, 1 << 40], ids=["negative", "E", "far"])
+def test_expert_index_out_of_range_reads_nothing_outside_the_weight(bad):
+    """On CPU a ValueError; where the kernel runs (a GPU), the pair's row is NaN and the other
+    rows keep their bits (tests/kernels/test_gpu_memory_safety.py runs kernels under memcheck)."""
+    w = _experts(3, 8, 64)
+    x = torch.randint(-4, 5, (2, 64)).to(torch.bfloat16).to(DEVICE)
+    good = torch.tensor([[0, 2], [1, 0]], device=DEVICE)
+    experts = good.clone()
+    experts[1, 0] = bad
+    op = torch.ops.torchmx.mx_routed_linear.default
+    parts = (w._scale_e8m0, w._data, "float4_e2m1", 32)
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match=r"experts must lie in \[0, 3\)"):
+            op(x, experts, *parts, None, 2, None, None)
+    out = _routed(x, w, experts, 2, None)
+    assert torch.isnan(out[2]).all()
+    keep = [0, 1, 3]
+    assert torch.equal(out[keep], _routed(x, w, good, 2, None)[keep])

@@ -494,7 +494,7 @@ class RoutedPlan:
         self.dtype, self.device = x.dtype, x.device
         alpha, limit = swiglu if swiglu is not None else (0.0, 0.0)
         self.main = Launch(routed_rows_kernel, (pairs, -(-N // block_n)),
-            (None,) * 6 + (N, K, blocks_k, per_row, float(alpha), float(limit),
+            (None,) * 6 + (N, K, blocks_k, per_row, E, float(alpha), float(limit),
                            x.stride(0), x.stride(1), *w_data.stride(), *w_scale.stride(),
                            bias.stride(0) if bias is not None else 0, self.out_shape[1]),
             dict(BLOCK=block_size, BLOCK_N=block_n, NB=nb,

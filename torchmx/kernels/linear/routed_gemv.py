@@ -50,7 +50,7 @@ def _swiglu(h, alpha, limit, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
 @triton.jit
 def routed_rows_kernel(
     x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, experts_ptr,
-    N, K, blocks_k, PER_ROW, alpha, limit,
+    N, K, blocks_k, PER_ROW, E, alpha, limit,
     stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_be, stride_om,
     BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr,
@@ -60,11 +60,15 @@ def routed_rows_kernel(
     TO_VALUE: tl.constexpr,
 ):
     """Program (pair p, tile of BLOCK_N rows): row p of out from row p // PER_ROW of x and the
-    expert experts[p]. EVEN, WORDS, FAST and the format constants: as the rows variant of
+    expert experts[p] (NaN where experts[p] is not in [0, E)). EVEN, WORDS, FAST and the format constants: as the rows variant of
     matmul_kernels.mx_weight_matmul_kernel takes them (one expert's [N, K])."""
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     expert = tl.load(experts_ptr + pair).to(tl.int64)
+    # An expert index outside [0, E) reads expert 0 and makes its row NaN: never memory
+    # outside the weight, and no host sync to check the indices first.
+    valid = (expert >= 0) & (expert < E)
+    expert = tl.where(valid, expert, 0)
     out = row_times_blocks(w_ptr + expert * stride_we, s_ptr + expert * stride_se,
                            x_ptr + (pair // PER_ROW).to(tl.int64) * stride_xm, offs_n, N, K, 0,
                            blocks_k, blocks_k, stride_wn, stride_wk, stride_sn, stride_sk,
@@ -73,6 +77,7 @@ def routed_rows_kernel(
     if HAS_BIAS:
         out += tl.load(bias_ptr + expert * stride_be + offs_n, mask=offs_n < N,
                        other=0.0).to(tl.float32)
+    out = tl.where(valid, out, float("nan"))
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     row = out_ptr + pair.to(tl.int64) * stride_om
     if SWIGLU:

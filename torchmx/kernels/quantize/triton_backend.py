@@ -1,5 +1,5 @@
 """The Triton backend of the custom ops: MX quantize / dequantize on CUDA, bit-identical to the
-reference numerics (tests/test_triton_*.py hold every option to that).
+reference numerics (tests/kernels/quantize/test_triton_quantize.py holds every option to that).
 
 `quantize` and `dequantize` take arguments already validated by torchmx.ops and return exactly
 what quantize_mx_reference / dequantize_mx_reference return (shapes, dtypes, contiguous).
