@@ -28,8 +28,12 @@ NVLink multicast (NVLS) is left off (NCCL_NVLS_ENABLE=0 unless set).
 """
 
 import argparse
+import contextlib
 import datetime
+import functools
+import gzip
 import os
+import shutil
 import statistics
 import time
 
@@ -239,6 +243,142 @@ def time_recipe(name, size, device, rank, world, steps, counter):
             "step_s": statistics.median(times), "losses": torch.stack(losses)}
 
 
+# ------------------------------------------------------------------------------ 3. profile
+
+# Host-side phases of a training step: torch.profiler ranges FSDP2 opens itself (FSDP::...),
+# the ones `_label_phases` adds, and the ops that do the work.
+PHASES = [
+    ("step: forward", "step::forward"),
+    ("step: backward", "step::backward"),
+    ("step: optimizer", "step::optimizer"),
+    ("pre-all-gather quantize (hook)", "mx::fsdp_pre_all_gather"),
+    ("all-gather (copy-in + collective)", "FSDP::all_gather"),
+    ("all-gather copy-out", "FSDP::all_gather_copy_out"),
+    ("post-all-gather (hook)", "mx::fsdp_post_all_gather"),
+    ("MXLinear forward", "mx::linear_forward"),
+    ("MXLinear backward", "mx::linear_backward"),
+    ("quantize (torchmx::quantize_mx)", "torchmx::quantize_mx"),
+    ("dequantize (torchmx::dequantize_mx)", "torchmx::dequantize_mx"),
+    ("matmuls (aten::mm)", "aten::mm"),
+    ("matmuls (aten::addmm)", "aten::addmm"),
+    ("matmuls (aten::bmm)", "aten::bmm"),
+    ("FSDP pre-backward", "FSDP::pre_backward"),
+    ("FSDP reduce-scatter (post_backward_reduce)", "FSDP::post_backward_reduce"),
+    ("copies (aten::copy_)", "aten::copy_"),
+    ("host syncs (aten::item)", "aten::item"),
+    ("host syncs (cudaStreamSynchronize)", "cudaStreamSynchronize"),
+]
+
+
+def _label_phases():
+    """Open a profiler range around the MX all-gather hooks and MXLinear's forward and backward
+    (profile runs only)."""
+    from torch.profiler import record_function
+
+    from torchmx.distributed.all_gather_weight import MXAllGatherWeight
+    from torchmx.nn.mx_linear import _MXLinearFunction
+
+    def labelled(fn, label):
+        @functools.wraps(fn)  # FSDP2 checks the hooks' signatures
+        def call(*args, **kwargs):
+            with record_function(label):
+                return fn(*args, **kwargs)
+        return call
+
+    for name in ("fsdp_pre_all_gather", "fsdp_post_all_gather"):
+        setattr(MXAllGatherWeight, name, labelled(getattr(MXAllGatherWeight, name), f"mx::{name}"))
+    _MXLinearFunction.forward = staticmethod(labelled(_MXLinearFunction.forward,
+                                                      "mx::linear_forward"))
+    _MXLinearFunction.backward = staticmethod(labelled(_MXLinearFunction.backward,
+                                                       "mx::linear_backward"))
+
+
+def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None):
+    """`steps` profiled training steps of `recipe` on rank 0 (after 3 warm-up steps): the time
+    each phase holds the host (ms per step; ranges nest, so rows overlap) and the device time of
+    the kernels it launched, then the kernels that take the most device time."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    model = llama(size, device)
+    prepare(model, RECIPES[name])
+    shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    opt = optimizer(model)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def train_step(step):
+        ids = tokens(step, rank, size, device, world)
+        with record_function("step::forward"):
+            loss = step_loss(model, ids)
+        with record_function("step::backward"):
+            loss.backward()
+        with record_function("step::optimizer"):
+            opt.step()
+            opt.zero_grad()
+
+    for step in range(3):
+        train_step(step)
+    sync()
+    unprofiled = []
+    for step in range(3, 6):
+        start = time.perf_counter()
+        train_step(step)
+        sync()
+        unprofiled.append(time.perf_counter() - start)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    host, wall = [], []
+    prof = profile(activities=activities) if rank == 0 else contextlib.nullcontext()
+    with prof:
+        for step in range(6, 6 + steps):
+            start = time.perf_counter()
+            train_step(step)
+            host.append(time.perf_counter() - start)  # the host has queued the step
+            sync()
+            wall.append(time.perf_counter() - start)
+    del model, opt
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if rank != 0:
+        return
+    events = prof.key_averages()
+    by_name = {e.key: e for e in events}
+    kernels = [e for e in events if e.device_type.name in ("CUDA", "PrivateUse1")
+               and e.self_device_time_total > 0]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e3 / steps
+    if trace_dir:
+        path = os.path.join(trace_dir, f"trace_{name.split()[0]}{'_hp' if 'hp' in name else ''}.json")
+        prof.export_chrome_trace(path)
+        with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(path)
+    say(f"\n## profile: {name} ({steps} steps on rank 0, profiler on)")
+    say(f"step without the profiler {statistics.median(unprofiled) * 1e3:.1f} ms; "
+        f"with it: wall {statistics.median(wall) * 1e3:.1f} ms, host queued the step in "
+        f"{statistics.median(host) * 1e3:.1f} ms, kernels (all streams) {busy:.1f} ms")
+    say(f"{'phase':44} {'calls':>6} {'host ms':>9} {'device ms':>10}")
+    for label, key in PHASES:
+        e = by_name.get(key)
+        if e is None:
+            # FSDP2 appends the module name to its ranges: sum over modules
+            matches = [x for x in events if x.key.startswith(key + " (")]
+            if not matches:
+                continue
+            calls = sum(x.count for x in matches)
+            cpu = sum(x.cpu_time_total for x in matches)
+            dev = sum(x.device_time_total for x in matches)
+        else:
+            calls, cpu, dev = e.count, e.cpu_time_total, e.device_time_total
+        say(f"{label:44} {calls // steps:6d} {cpu / 1e3 / steps:9.2f} {dev / 1e3 / steps:10.2f}")
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    say(f"{'top kernels':80} {'calls':>6} {'ms':>8}")
+    for e in kernels[:15]:
+        say(f"{e.key[:80]:80} {e.count // steps:6d} {e.self_device_time_total / 1e3 / steps:8.2f}")
+    ops = sorted((e for e in events if e.device_type.name == "CPU"),
+                 key=lambda e: -e.self_cpu_time_total)
+    say(f"{'top host ops (self time)':80} {'calls':>6} {'ms':>8}")
+    for e in ops[:12]:
+        say(f"{e.key[:80]:80} {e.count // steps:6d} {e.self_cpu_time_total / 1e3 / steps:8.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -248,6 +388,12 @@ def main():
                         help="model of the checks (default: small on cuda, tiny on cpu)")
     parser.add_argument("--check-steps", type=int, default=20)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per recipe")
+    parser.add_argument("--profile", nargs="*", choices=tuple(RECIPES), default=None,
+                        help="profile these recipes (all by default) instead of the checks and "
+                             "timings")
+    parser.add_argument("--profile-steps", type=int, default=2)
+    parser.add_argument("--trace-dir", default=None,
+                        help="write each profile's Chrome trace here (gzipped)")
     args = parser.parse_args()
     size = args.size or ("1b" if args.device == "cuda" else "tiny")
     check_size = args.check_size or ("small" if args.device == "cuda" else "tiny")
@@ -268,6 +414,14 @@ def main():
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"# bench_distributed: {world} ranks on {name}, torch {torch.__version__}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+
+    if args.profile is not None:
+        _label_phases()
+        for recipe in args.profile or RECIPES:
+            profile_recipe(recipe, size, device, rank, world, args.profile_steps, say,
+                           args.trace_dir)
+        dist.destroy_process_group()
+        return
 
     same, count = check_gathered_weights(check_size, device, rank)
     say(f"check: {count} MXLinear weights gathered by FSDP2 as MXTensors equal to quantizing "
