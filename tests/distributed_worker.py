@@ -116,8 +116,8 @@ def fsdp_qat(rank, fmt, out):
     losses = []
     for step in range(STEPS):
         if step == 0:
-            gathered = [p._local_tensor.fsdp_pre_all_gather(
-                            p.device_mesh, p.shape, p.stride(), None, None)[0][0].shape
+            gathered = [[t.shape for t in p._local_tensor.fsdp_pre_all_gather(
+                            p.device_mesh, p.shape, p.stride(), None, None)[0]]
                         for p in model.parameters() if p.dim() == 2]
         loss = loss_of(model, batch(step, rank))
         loss.backward()

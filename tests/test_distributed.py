@@ -3,7 +3,7 @@
 
 - FSDP2 QAT with MX all-gather: losses and parameters bit-identical to one process on the same
   global batch (as two micro-batches, so the fp32 sums run in the same order); the gathered
-  weight is an MXTensor sent as one uint8 buffer per row (codes + scales).
+  weight is an MXTensor sent as its uint8 codes and scales.
 - DDP QAT: the same.
 - distributed checkpoint: the FSDP2 run saved on 2 ranks resumes on 1, bit-identically; a
   tensor-parallel model saved on 2 ranks loads into a plain one.
@@ -92,10 +92,11 @@ def test_fsdp2_qat_matches_one_process(ranks, fmt):
 def test_fsdp2_gathers_mx_bytes_where_rows_shard_evenly(ranks, fmt):
     _, results = ranks
     got = results[0]["fsdp"][fmt]
-    # 128 rows: 64 per rank, each its packed codes and its 2 scale bytes (64 features);
+    # 128 rows: 64 per rank, their packed codes and their 2 scale bytes each (64 features);
     # 9 rows: uneven, gathered in high precision (5 padded rows per rank)
     codes = {"float8_e4m3": 64, "float4_e2m1": 32}[fmt]
-    assert got["gathered_shapes"] == [torch.Size([64, codes + 2]), torch.Size([5, 128])]
+    assert got["gathered_shapes"] == [[torch.Size([64, codes]), torch.Size([64, 2])],
+                                      [torch.Size([5, 128])]]
     assert got["forward_weights"][:2] == ["MXTensor", "Parameter"]
     assert len(got["forward_weights"]) == 2 * w.STEPS
 
