@@ -10,7 +10,8 @@
    (20) AdamW steps of FSDP2 MX-QAT on 2 ranks give the same losses, bit for bit, as one
    process (rank 0 alone) on the same global batch as the same two micro-batches.
 2. Timings (`--size 1b`: a Llama-style model of 1.2B parameters, hidden 2048, 16 layers,
-   sequence 2048, one sequence per rank; `--size tiny` on CPU), every run with FSDP2 and
+   sequence 2048, `--batch` sequences per rank, one table each; `--size tiny` on CPU), every
+   run with FSDP2 and
    MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fp32 master weights, AdamW:
    - bf16: nn.Linear layers (the baseline);
    - mxfp8 (hp gather): MXLinear, MXFP8 weights and activations, weights gathered in bf16;
@@ -22,7 +23,13 @@
    <= 0.30x for MXFP4; step time <= 1.10x). The hp-gather and MX-gather runs quantize the same
    bf16 weights: their first-step losses must agree bit for bit, and the script says whether
    they do (later steps may not: the timed runs allow nondeterministic kernels).
-   The embedding and lm_head stay in bf16 (not quantized) in every run.
+   The embedding and lm_head stay in bf16 (not quantized) in every run. "host ms" is when
+   the host had queued the step: where it is close to the step time, the host is the limit.
+3. `--profile [RECIPE ...]` instead: torch.profiler over `--profile-steps` steps of each recipe
+   on rank 0, printing host and device milliseconds per step by phase (the MX all-gather hooks,
+   FSDP2's all-gather, copy-out and reduce-scatter, MXLinear forward and backward, quantize,
+   dequantize, matmuls, copies, host syncs), the top kernels and host ops; `--trace-dir`
+   writes each profile's Chrome trace (gzipped).
 
 NVLink multicast (NVLS) is left off (NCCL_NVLS_ENABLE=0 unless set).
 """
@@ -35,6 +42,7 @@ import gzip
 import os
 import shutil
 import statistics
+import sys
 import time
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -96,12 +104,12 @@ def shard(model, mp_policy=None):
     return model
 
 
-def tokens(step, rank, size, device, world):
-    """Rank `rank`'s sequence of step `step` (the global batch is every rank's)."""
+def tokens(step, rank, size, device, world, batch=1):
+    """Rank `rank`'s `batch` sequences of step `step` (the global batch is every rank's)."""
     _, _, _, _, vocab, seq = SIZES[size]
     g = torch.Generator().manual_seed(1000 + step)
-    batch = torch.randint(0, vocab, (world, seq), generator=g)
-    return batch[rank:rank + 1].to(device)
+    ids = torch.randint(0, vocab, (world * batch, seq), generator=g)
+    return ids[rank * batch:(rank + 1) * batch].to(device)
 
 
 def step_loss(model, ids):
@@ -211,7 +219,7 @@ def linear_weight_bytes(model, mx_gathered) -> int:
     return total
 
 
-def time_recipe(name, size, device, rank, world, steps, counter):
+def time_recipe(name, size, device, rank, world, steps, counter, batch=1):
     model = llama(size, device)
     mx_gathered = prepare(model, RECIPES[name])
     # forward and backward each gather every layer's weights (resharded after forward)
@@ -219,9 +227,9 @@ def time_recipe(name, size, device, rank, world, steps, counter):
     shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
     opt = optimizer(model)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times, losses = [], []
+    times, queued, losses = [], [], []
     for step in range(3 + steps):
-        ids = tokens(step, rank, size, device, world)
+        ids = tokens(step, rank, size, device, world, batch)
         counter.total, counter.counting = 0, step == 2
         sync()
         start = time.perf_counter()
@@ -229,18 +237,21 @@ def time_recipe(name, size, device, rank, world, steps, counter):
         loss.backward()
         opt.step()
         opt.zero_grad()
+        host = time.perf_counter() - start  # the host has queued the step
         sync()
         counter.counting = False
         if step == 2:
             step_bytes = counter.total
         if step >= 3:
             times.append(time.perf_counter() - start)
+            queued.append(host)
         losses.append(loss.detach().float().cpu())
     del model, opt
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"step_bytes": step_bytes, "layer_bytes": layer_bytes,
-            "step_s": statistics.median(times), "losses": torch.stack(losses)}
+            "step_s": statistics.median(times), "host_s": statistics.median(queued),
+            "losses": torch.stack(losses)}
 
 
 # ------------------------------------------------------------------------------ 3. profile
@@ -388,6 +399,9 @@ def main():
                         help="model of the checks (default: small on cuda, tiny on cpu)")
     parser.add_argument("--check-steps", type=int, default=20)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per recipe")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1],
+                        help="sequences per rank in the timed steps (one table each)")
+    parser.add_argument("--save", default=None, help="also write the printed output here")
     parser.add_argument("--profile", nargs="*", choices=tuple(RECIPES), default=None,
                         help="profile these recipes (all by default) instead of the checks and "
                              "timings")
@@ -411,7 +425,15 @@ def main():
         dist.init_process_group("gloo")
         name = "CPU"
     counter = AllGatherBytes()
-    say = print if rank == 0 else (lambda *a, **k: None)
+    printed = []
+
+    def say(*parts):
+        if rank == 0:
+            print(*parts)
+            printed.append(" ".join(str(p) for p in parts))
+
+    say(f"# PYTHONPATH=. torchrun --nproc_per_node {world} benchmarks/bench_distributed.py "
+        + " ".join(sys.argv[1:]))
     say(f"# bench_distributed: {world} ranks on {name}, torch {torch.__version__}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
@@ -432,15 +454,27 @@ def main():
         say(f"check: {args.check_steps} steps of FSDP2 MX-QAT on {world} ranks, losses equal "
             f"to one process: {'yes' if equal else f'NO (max difference {diff:.3g})'}")
 
-    results = {}
-    for recipe in RECIPES:
-        results[recipe] = time_recipe(recipe, size, device, rank, world, args.steps, counter)
+    for batch in args.batch:
+        results = {}
+        for recipe in RECIPES:
+            results[recipe] = time_recipe(recipe, size, device, rank, world, args.steps, counter,
+                                          batch)
+        report(results, size, batch, args.steps, say)
+        if args.save and rank == 0:  # after each table: a later one may run out of memory
+            with open(args.save, "w") as f:
+                f.write("\n".join(printed) + "\n")
+    dist.destroy_process_group()
+
+
+def report(results, size, batch, steps, say):
     params = sum(p.numel() for p in llama(size, "meta").parameters())
     say(f"\n{size} Llama-style model ({params / 1e6:,.1f}M parameters), sequence "
-        f"{SIZES[size][5]}, one sequence per rank, {args.steps} timed steps")
+        f"{SIZES[size][5]}, {batch} sequence{'s' if batch > 1 else ''} per rank, {steps} timed "
+        f"steps")
     base = results["bf16"]
     say(f"{'recipe':20} {'gathered/step MB':>17} {'x bf16':>7} {'linear weights MB':>18} "
-        f"{'x bf16':>7} {'step ms':>9} {'x bf16':>7}")
+        f"{'x bf16':>7} {'step ms':>9} {'x bf16':>7} {'host ms':>8}")
+
     def ratio(a, b):
         return f"{a / b:7.3f}" if b else f"{'n/a':>7}"
 
@@ -448,7 +482,10 @@ def main():
         say(f"{recipe:20} {r['step_bytes'] / 1e6:17.1f} "
             f"{ratio(r['step_bytes'], base['step_bytes'])} "
             f"{r['layer_bytes'] / 1e6:18.1f} {ratio(r['layer_bytes'], base['layer_bytes'])} "
-            f"{r['step_s'] * 1e3:9.1f} {ratio(r['step_s'], base['step_s'])}")
+            f"{r['step_s'] * 1e3:9.1f} {ratio(r['step_s'], base['step_s'])} "
+            f"{r['host_s'] * 1e3:8.1f}")
+    say("(host ms: when the host had queued the whole step; close to the step time, the step "
+        "waits on the host, not the GPU)")
     if not base["step_bytes"]:
         say("(FSDP2's all-gather was not counted: this torch calls neither dist.all_gather_single "
             "nor dist.all_gather_into_tensor through the module)")
@@ -456,7 +493,6 @@ def main():
     say(f"check: mxfp8 first-step loss with MX gather equal to hp gather (the same quantized "
         f"bf16 weights): {'yes' if torch.equal(mx[0], hp[0]) else 'NO'}; later steps differ by "
         f"up to {(mx - hp).abs().max().item():.3g} (nondeterministic kernels allowed here)")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -351,7 +351,8 @@ FAKE_QUANTIZE_CASES = [  # (shape, dtype, block size, scale mode, rounding): odd
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS, ids=ALL_IDS)
 def test_fake_quantize_equals_dequantized_reference_quantize(fmt):
-    """One fused pass (QAT's fake quantize) gives dequantize(quantize(x)) bit for bit."""
+    """One fused pass (QAT's fake quantize) gives dequantize(quantize(x)) bit for bit, and so
+    does the planned rows dequantize (QAT's gathered weights) where it applies."""
     cases = FAKE_QUANTIZE_CASES if FULL else FAKE_QUANTIZE_CASES[zlib.crc32(fmt.name.encode()) % 2::2]
     for i, (shape, dtype, block_size, scale_mode, rounding) in enumerate(cases):
         x = wide_range_input(shape, dtype, seed=i)
@@ -360,11 +361,17 @@ def test_fake_quantize_equals_dequantized_reference_quantize(fmt):
                                             rounding=rounding)
         expected = dequantize_mx_reference(data, scale, fmt, block_size, dtype, -1,
                                            block_dim_size=shape[-1])
+        what = f"{fmt.name} {shape} {dtype} B={block_size} {scale_mode}/{rounding}"
         for _ in range(2):  # the first call plans the launch, the second reuses it
             got = tb.fake_quantize_rows(x.to(DEVICE), fmt, block_size, scale_mode, rounding)
             assert got.shape == x.shape and got.dtype == dtype
-            assert_same(expected, got, f"fake quantize {fmt.name} {shape} {dtype} B={block_size} "
-                                       f"{scale_mode}/{rounding}")
+            assert_same(expected, got, "fake quantize " + what)
+        data2, scale2 = data.reshape(-1, data.shape[-1]), scale.reshape(-1, scale.shape[-1])
+        if tb.dequantize_rows_supported(data2, scale2, fmt, block_size):  # a gathered weight's
+            for _ in range(2):
+                got = tb.dequantize_rows(data2.to(DEVICE), scale2.to(DEVICE), fmt, block_size,
+                                         dtype, shape[-1])
+                assert_same(expected.reshape(got.shape), got, "dequantize rows " + what)
 
 
 def test_fake_quantize_takes_contiguous_rows_and_no_stochastic_rounding():
