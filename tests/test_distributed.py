@@ -132,6 +132,39 @@ def test_fsdp2_checkpoint_on_2_ranks_resumes_on_1(ranks, fmt):
         assert_equal_bits(p.detach(), results[0]["fsdp"][fmt]["params"][name])
 
 
+def test_fsdp2_qat_compiled_matches_eager(ranks):
+    """torch.compile around FSDP2's MX all-gather hooks: the same losses as the eager run."""
+    _, results = ranks
+    for result in results:
+        compiled = result["fsdp_compiled"]["losses"]
+        eager = result["fsdp"]["float4_e2m1"]["losses"][:len(compiled)]
+        for got, expected in zip(compiled, eager):
+            assert_equal_bits(got, expected)
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1"])
+@pytest.mark.parametrize("integer_valued", [False, True], ids=["random", "exact_sums"])
+def test_tensor_parallel_qat_matches_one_process(ranks, fmt, integer_valued):
+    """Column-wise then row-wise MXLinear QAT on 2 ranks (parallelize_module): the column-wise
+    layer's output columns are one process's bits; what depends on the row-wise partial sums
+    (the output, hence every gradient) is too where the sums are exact, else within fp32
+    rounding of it."""
+    _, results = ranks
+    expected = w.qat_forward_backward(w.tp_qat_model(fmt, integer_valued),
+                                      w.tp_input(integer_valued))
+    for rank, result in enumerate(results):
+        got = result["tp_qat"][fmt, integer_valued]
+        assert got["local_weights"] == [(64, 64), (64, 64)]  # each rank holds half
+        assert_equal_bits(got["hidden"], expected["hidden"][:, rank * 64:(rank + 1) * 64])
+        pairs = [(got["output"], expected["output"]), (got["input_grad"], expected["input_grad"])]
+        pairs += [(got["grads"][n], g) for n, g in expected["grads"].items()]
+        for g, e in pairs:
+            if integer_valued:
+                assert_equal_bits(g, e)
+            else:
+                torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1"])
 def test_tensor_parallel_outputs(ranks, fmt):
     _, results = ranks

@@ -24,7 +24,7 @@ def fake_quantize(x: torch.Tensor, config: Optional[MXConfig], block_dim: int = 
     args.check_tensor(x, "x")
     if config is None:
         return x
-    if (x.is_cuda and block_dim in (-1, x.dim() - 1) and short_path(x)
+    if (type(x) is torch.Tensor and x.is_cuda and block_dim in (-1, x.dim() - 1) and short_path(x)
             and x.dtype in args.HIGH_PRECISION_DTYPES and backend_for(x.device) == "triton"):
         kernels = triton_kernels()
         if kernels.fake_quantize_supported(x, config.block_size, config.rounding):
@@ -32,6 +32,9 @@ def fake_quantize(x: torch.Tensor, config: Optional[MXConfig], block_dim: int = 
                                               config.scale_mode, config.rounding)
     n = 1 if x.dim() == 0 else x.shape[block_dim]
     scale, data = config.quantize(x, block_dim)
-    out = torch.ops.torchmx.dequantize_mx(data, scale, config.elem_dtype_name, config.block_size,
-                                          x.dtype, block_dim, block_dim_size=n)
+    # The element count is only needed where the codes end in a partial packing group; left
+    # out, a DTensor sharded along the blocks dequantizes shard by shard (sharding_rules.py).
+    out = torch.ops.torchmx.dequantize_mx(
+        data, scale, config.elem_dtype_name, config.block_size, x.dtype, block_dim,
+        block_dim_size=n if n % config.elem_dtype.codes_per_group else None)
     return out.reshape(x.shape)
