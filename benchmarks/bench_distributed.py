@@ -351,9 +351,13 @@ def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None):
     if rank != 0:
         return
     events = prof.key_averages()
-    by_name = {e.key: e for e in events}
+    # A profiler range appears twice: on the host (its host time, and the device time of the
+    # kernels launched inside it) and as a device-side annotation, which is no kernel.
+    host_events = [e for e in events if e.device_type.name == "CPU"]
+    by_name = {e.key: e for e in host_events}
     kernels = [e for e in events if e.device_type.name in ("CUDA", "PrivateUse1")
-               and e.self_device_time_total > 0]
+               and e.self_device_time_total > 0 and not getattr(e, "is_user_annotation", False)
+               and e.key not in by_name]
     busy = sum(e.self_device_time_total for e in kernels) / 1e3 / steps
     if trace_dir:
         path = os.path.join(trace_dir, f"trace_{name.split()[0]}{'_hp' if 'hp' in name else ''}.json")
@@ -370,7 +374,7 @@ def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None):
         e = by_name.get(key)
         if e is None:
             # FSDP2 appends the module name to its ranges: sum over modules
-            matches = [x for x in events if x.key.startswith(key + " (")]
+            matches = [x for x in host_events if x.key.startswith(key + " (")]
             if not matches:
                 continue
             calls = sum(x.count for x in matches)
@@ -383,8 +387,7 @@ def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None):
     say(f"{'top kernels':80} {'calls':>6} {'ms':>8}")
     for e in kernels[:15]:
         say(f"{e.key[:80]:80} {e.count // steps:6d} {e.self_device_time_total / 1e3 / steps:8.2f}")
-    ops = sorted((e for e in events if e.device_type.name == "CPU"),
-                 key=lambda e: -e.self_cpu_time_total)
+    ops = sorted(host_events, key=lambda e: -e.self_cpu_time_total)
     say(f"{'top host ops (self time)':80} {'calls':>6} {'ms':>8}")
     for e in ops[:12]:
         say(f"{e.key[:80]:80} {e.count // steps:6d} {e.self_cpu_time_total / 1e3 / steps:8.2f}")

@@ -18,6 +18,8 @@ STEPS = 3            # QAT steps per run; the checkpoint is saved after SAVE_AFT
 SAVE_AFTER = 2
 MICRO_BATCH = 4      # rows per rank and step; the global batch is WORLD * MICRO_BATCH
 QAT_FORMATS = ("float8_e4m3", "float4_e2m1")
+# tensor parallel QAT: (weights format, integer-valued model and input: exact sums)
+TP_QAT_CASES = (("float4_e2m1", False), ("float8_e4m3", True))
 
 
 def qat_model(fmt: str) -> nn.Module:
@@ -117,8 +119,9 @@ def run_rank(rank: int, out: str, port: int) -> None:
     try:
         results = {"fsdp": {fmt: fsdp_qat(rank, fmt, out) for fmt in QAT_FORMATS},
                    "fsdp_compiled": fsdp_qat_compiled(rank),
+                   "hsdp": {shape: hsdp_qat(rank, shape) for shape in ((1, WORLD), (WORLD, 1))},
                    "ddp": ddp_qat(rank), "tp": tensor_parallel(rank, out),
-                   "tp_qat": tensor_parallel_qat(rank),
+                   "tp_qat": tensor_parallel_qat(),
                    "fsdp_inference": fsdp_inference(out),
                    "docs": docs_snippets(out), "errors": argument_errors()}
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
@@ -163,6 +166,34 @@ def fsdp_qat(rank, fmt, out):
             "forward_weights": forward_weights, "gathered_shapes": gathered}
 
 
+def hsdp_qat(rank, shape):
+    """FSDP2 MX-QAT on a 2-d (replicate, shard) mesh, HSDP: (1, 2) gathers MX bytes over the
+    shard dim; (2, 1) makes the ranks unsharded replicas whose gradients are all-reduced (the
+    hooks then see a shard group of one rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from torchmx.distributed import enable_mx_all_gather
+
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+    model = qat_model("float4_e2m1")
+    enable_mx_all_gather(model)
+    for layer in model:
+        if isinstance(layer, torchmx.MXLinear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = optimizer(model.parameters())
+    losses = []
+    for step in range(STEPS):
+        loss = loss_of(model, batch(step, rank))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return {"losses": losses,
+            "params": {name: p.full_tensor() for name, p in model.named_parameters()}}
+
+
 def fsdp_qat_compiled(rank):
     """FSDP2 MX-QAT with each MXLinear compiled (`module.compile`, aot_eager: the graph
     torch.compile captures, run without code generation) around the MX all-gather hooks."""
@@ -189,7 +220,7 @@ def fsdp_qat_compiled(rank):
     return {"losses": losses}
 
 
-def tensor_parallel_qat(rank):
+def tensor_parallel_qat():
     """MXLinear QAT under PyTorch's tensor parallelism: the first layer column-wise, the
     second row-wise (parallelize_module); one forward and backward per case."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -200,14 +231,13 @@ def tensor_parallel_qat(rank):
 
     mesh = init_device_mesh("cpu", (WORLD,))
     results = {}
-    for fmt in QAT_FORMATS:
-        for integer_valued in (False, True):
-            model = parallelize_module(tp_qat_model(fmt, integer_valued), mesh,
-                                       {"0": ColwiseParallel(), "2": RowwiseParallel()})
-            seen = qat_forward_backward(model, tp_input(integer_valued))
-            seen["grads"] = {n: g.full_tensor() for n, g in seen["grads"].items()}
-            seen["local_weights"] = [tuple(model[i].weight.to_local().shape) for i in (0, 2)]
-            results[fmt, integer_valued] = seen
+    for fmt, integer_valued in TP_QAT_CASES:
+        model = parallelize_module(tp_qat_model(fmt, integer_valued), mesh,
+                                   {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        seen = qat_forward_backward(model, tp_input(integer_valued))
+        seen["grads"] = {n: g.full_tensor() for n, g in seen["grads"].items()}
+        seen["local_weights"] = [tuple(model[i].weight.to_local().shape) for i in (0, 2)]
+        results[fmt, integer_valued] = seen
     return results
 
 
@@ -322,7 +352,9 @@ def docs_snippets(out):
     mlp = namespace["parallel_mlp"]("cpu")
     with torch.no_grad():
         y = mlp(torch.randn(3, 1024, generator=torch.Generator().manual_seed(0)))
-    return {"printed": printed.getvalue(), "mlp_output": y}
+    qat_mlp = namespace["parallel_qat_mlp"](tp_qat_model("float8_e4m3", False), "cpu")
+    qat = qat_forward_backward(qat_mlp, tp_input(False))
+    return {"printed": printed.getvalue(), "mlp_output": y, "qat_mlp_output": qat["output"]}
 
 
 def argument_errors():

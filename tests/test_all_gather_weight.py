@@ -76,13 +76,27 @@ def test_uneven_rows_gather_padded_high_precision():
     assert type(out) is torch.Tensor and inner == () and torch.equal(out[:7], weight)
 
 
+def test_one_rank_shard_group_sends_the_weight_itself():
+    """FSDP2 copies a single input where the shard group is one rank: nothing travels, so
+    the weight goes as is and the layer quantizes it (as without the wrapper)."""
+    weight = torch.randn(4, 64)
+    shard = MXAllGatherWeight(weight, MXConfig("float4_e2m1"))
+    policy = SimpleNamespace(param_dtype=torch.bfloat16)
+    (sent,), metadata = shard.fsdp_pre_all_gather(Mesh(1), weight.shape, weight.stride(), None,
+                                                  policy)
+    assert metadata is None and sent.dtype == torch.bfloat16 and torch.equal(sent, weight.bfloat16())
+    out, inner = shard.fsdp_post_all_gather((sent,), None, torch.bfloat16)
+    assert out is sent and inner == ()
+
+
 def test_a_write_requantizes():
     shard = MXAllGatherWeight(torch.randn(4, 64), MXConfig("float8_e4m3"))
-    first = shard.fsdp_pre_all_gather(Mesh(1), shard.shape, shard.stride(), None, None)[0]
-    again = shard.fsdp_pre_all_gather(Mesh(1), shard.shape, shard.stride(), None, None)[0]
+    whole = (8, 64)  # this shard's 4 rows of 2 ranks'
+    first = shard.fsdp_pre_all_gather(Mesh(2), whole, (64, 1), None, None)[0]
+    again = shard.fsdp_pre_all_gather(Mesh(2), whole, (64, 1), None, None)[0]
     assert again is first  # the backward's re-gather reuses the forward's bytes
     shard.add_(1.0)
-    codes, scales = shard.fsdp_pre_all_gather(Mesh(1), shard.shape, shard.stride(), None, None)[0]
+    codes, scales = shard.fsdp_pre_all_gather(Mesh(2), whole, (64, 1), None, None)[0]
     scale, data = MXConfig("float8_e4m3").quantize(shard.hp, -1)
     assert torch.equal(codes, data.view(torch.uint8)) and torch.equal(scales, scale)
 

@@ -9,7 +9,9 @@
   tensor-parallel model saved on 2 ranks loads into a plain one.
 - tensor parallel MXInferenceLinear: column-wise outputs bit-identical, row-wise (and a
   column-wise/row-wise pair) bit-identical where the sums are exact, else within fp32 rounding.
-- docs/distributed.md's QAT script (trains, saves, resumes) and tensor-parallel MLP run.
+- docs/distributed.md's QAT script (trains, saves, resumes) and tensor-parallel MLPs run.
+- FSDP2 MX-QAT on 2-d meshes (HSDP) and with compiled layers; tensor parallel MXLinear QAT
+  (parallelize_module), against one process.
 """
 
 import os
@@ -132,6 +134,18 @@ def test_fsdp2_checkpoint_on_2_ranks_resumes_on_1(ranks, fmt):
         assert_equal_bits(p.detach(), results[0]["fsdp"][fmt]["params"][name])
 
 
+@pytest.mark.parametrize("shape", [(1, w.WORLD), (w.WORLD, 1)], ids=["shard2", "replicate2"])
+def test_hsdp_qat_matches_one_process(ranks, shape):
+    _, results = ranks
+    model, losses = reference_run("float4_e2m1")
+    for rank, result in enumerate(results):
+        got = result["hsdp"][shape]
+        for step in range(w.STEPS):
+            assert_equal_bits(got["losses"][step], losses[step][rank])
+        for name, p in model.named_parameters():
+            assert_equal_bits(got["params"][name], p.detach())
+
+
 def test_fsdp2_qat_compiled_matches_eager(ranks):
     """torch.compile around FSDP2's MX all-gather hooks: the same losses as the eager run."""
     _, results = ranks
@@ -142,8 +156,9 @@ def test_fsdp2_qat_compiled_matches_eager(ranks):
             assert_equal_bits(got, expected)
 
 
-@pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1"])
-@pytest.mark.parametrize("integer_valued", [False, True], ids=["random", "exact_sums"])
+@pytest.mark.parametrize("fmt, integer_valued", w.TP_QAT_CASES,
+                         ids=[f"{fmt}-{'exact_sums' if exact else 'random'}"
+                              for fmt, exact in w.TP_QAT_CASES])
 def test_tensor_parallel_qat_matches_one_process(ranks, fmt, integer_valued):
     """Column-wise then row-wise MXLinear QAT on 2 ranks (parallelize_module): the column-wise
     layer's output columns are one process's bits; what depends on the row-wise partial sums
@@ -245,6 +260,10 @@ def test_docs_tensor_parallel_mlp(ranks):
     _, results = ranks
     outputs = [r["docs"]["mlp_output"] for r in results]
     assert outputs[0].shape == (3, 1024) and torch.equal(outputs[0], outputs[1])
+    expected = w.qat_forward_backward(w.tp_qat_model("float8_e4m3", False), w.tp_input(False))
+    for result in results:  # the QAT pair: row-wise sums in another order
+        torch.testing.assert_close(result["docs"]["qat_mlp_output"], expected["output"],
+                                   rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name, error, message", [

@@ -100,12 +100,14 @@ class MXAllGatherWeight(torch.Tensor):
         tensor that the MXTensor uses as is (no copy). Where FSDP2 shards the rows unevenly
         (out_features not a multiple of the mesh size) it needs every rank's input in the
         padded shard's shape: then the rows are gathered in high precision (padded with zeros)
-        and quantized after the gather, as without the wrapper."""
+        and quantized after the gather, as without the wrapper. So is a shard group of one
+        rank (one process; HSDP with unsharded replicas), where nothing travels and FSDP2
+        copies a single input."""
         hp = self.hp
         param_dtype = getattr(mp_policy, "param_dtype", None)
         dtype = hp.dtype if param_dtype is None else param_dtype
         rows = outer_size[0]
-        if rows % mesh.size() != 0:
+        if rows % mesh.size() != 0 or mesh.size() == 1:
             padded = -(-rows // mesh.size())
             return (torch.nn.functional.pad(hp.to(dtype), (0, 0, 0, padded - hp.shape[0])),), None
         # The backward re-gathers what the forward gathered: quantized once between writes
@@ -121,7 +123,7 @@ class MXAllGatherWeight(torch.Tensor):
         """The gathered weight: an MXTensor of the full weight over the gathered codes and
         scales themselves (the plain high-precision weight where the rows were sharded
         unevenly)."""
-        if metadata is None:  # gathered in high precision (uneven rows)
+        if metadata is None:  # gathered in high precision (uneven rows, one rank)
             (weight,) = all_gather_outputs
             return None if out is not None else (weight, ())
         if out is not None:
