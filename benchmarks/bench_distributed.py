@@ -25,6 +25,7 @@
    they do (later steps may not: the timed runs allow nondeterministic kernels).
    The embedding and lm_head stay in bf16 (not quantized) in every run. "host ms" is when
    the host had queued the step: where it is close to the step time, the host is the limit.
+   `--compile` compiles each decoder layer (inductor) after `fully_shard` in every recipe.
 3. `--profile [RECIPE ...]` instead: torch.profiler over `--profile-steps` steps of each recipe
    on rank 0, printing host and device milliseconds per step by phase (the MX all-gather hooks,
    FSDP2's all-gather, copy-out and reduce-scatter, MXLinear forward and backward, quantize,
@@ -96,10 +97,14 @@ def prepare(model, recipe):
     return enable_mx_all_gather(model) if mx_gather else []
 
 
-def shard(model, mp_policy=None):
+def shard(model, mp_policy=None, compile_layers=False):
+    """FSDP2 per decoder layer and over the model; `compile_layers`: each layer compiled too
+    (FSDP2's hooks, the MX all-gather ones included, run eagerly around it)."""
     kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
     for layer in model.model.layers:
         fully_shard(layer, **kwargs)
+        if compile_layers:
+            layer.compile()
     fully_shard(model, **kwargs)
     return model
 
@@ -219,12 +224,13 @@ def linear_weight_bytes(model, mx_gathered) -> int:
     return total
 
 
-def time_recipe(name, size, device, rank, world, steps, counter, batch=1):
+def time_recipe(name, size, device, rank, world, steps, counter, batch=1, compile_layers=False):
     model = llama(size, device)
     mx_gathered = prepare(model, RECIPES[name])
     # forward and backward each gather every layer's weights (resharded after forward)
     layer_bytes = 2 * linear_weight_bytes(model, mx_gathered)
-    shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+          compile_layers)
     opt = optimizer(model)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times, queued, losses = [], [], []
@@ -405,6 +411,8 @@ def main():
     parser.add_argument("--batch", type=int, nargs="+", default=[1],
                         help="sequences per rank in the timed steps (one table each)")
     parser.add_argument("--save", default=None, help="also write the printed output here")
+    parser.add_argument("--compile", action="store_true",
+                        help="time the recipes with each decoder layer compiled (inductor)")
     parser.add_argument("--profile", nargs="*", choices=tuple(RECIPES), default=None,
                         help="profile these recipes (all by default) instead of the checks and "
                              "timings")
@@ -461,19 +469,19 @@ def main():
         results = {}
         for recipe in RECIPES:
             results[recipe] = time_recipe(recipe, size, device, rank, world, args.steps, counter,
-                                          batch)
-        report(results, size, batch, args.steps, say)
+                                          batch, args.compile)
+        report(results, size, batch, args.steps, say, args.compile)
         if args.save and rank == 0:  # after each table: a later one may run out of memory
             with open(args.save, "w") as f:
                 f.write("\n".join(printed) + "\n")
     dist.destroy_process_group()
 
 
-def report(results, size, batch, steps, say):
+def report(results, size, batch, steps, say, compiled=False):
     params = sum(p.numel() for p in llama(size, "meta").parameters())
     say(f"\n{size} Llama-style model ({params / 1e6:,.1f}M parameters), sequence "
         f"{SIZES[size][5]}, {batch} sequence{'s' if batch > 1 else ''} per rank, {steps} timed "
-        f"steps")
+        f"steps{', each decoder layer compiled' if compiled else ''}")
     base = results["bf16"]
     say(f"{'recipe':20} {'gathered/step MB':>17} {'x bf16':>7} {'linear weights MB':>18} "
         f"{'x bf16':>7} {'step ms':>9} {'x bf16':>7} {'host ms':>8}")
