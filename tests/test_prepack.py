@@ -324,3 +324,26 @@ def test_prepack_makes_stream_copies_on_hopper_for_weights_that_fill_the_waves(m
     assert not inference_linear._stream_layout_wanted(fp4, 128, 256, torch.device("cpu"))
     layer = _layer(fmt="float8_e4m3").prepack()
     assert layer._fragment_layout == ("stream" if expected else "piece")
+
+
+def test_mxfp4_weights_never_take_the_piece_layout(stream_copies):
+    """prepack() tries the fragment layout before the piece layout, and the fragment layout
+    takes every MXFP4 weight in blocks of 32 with both dims multiples of 64: every MXFP4 weight
+    the piece layout took (blocks of 32, out_features a multiple of 64, in_features of 128)
+    gets a fragment (or stream) copy, for any format, block size and shape."""
+    fp4 = dtypes.float4_e2m1
+    layouts = set()
+    for fmt in [dtypes.from_name(f) for f in FORMATS] + [dtypes.float8_e5m2, dtypes.float6_e2m3]:
+        for block in (16, 32, 64):
+            qconfig = QLinearConfig(weights_config=MXConfig(fmt.name, block_size=block))
+            for N in range(64, 1025, 64):
+                for K in range(16, 2049, 16):
+                    layout = inference_linear._prepack_layout(qconfig, N, K,
+                                                              torch.device("cpu"))
+                    took_fp4 = fmt == fp4 and block == 32 and K % 128 == 0
+                    if took_fp4:
+                        assert layout is (sl if stream_copies and sl.fits(fp4, 32, N, K)
+                                          else fl), (N, K)
+                    layouts.add(None if layout is None else layout.__name__)
+    assert {"torchmx.kernels.layouts.fragment_layout",
+            "torchmx.kernels.layouts.piece_layout"} <= layouts
