@@ -347,3 +347,25 @@ def test_mxfp4_weights_never_take_the_piece_layout(stream_copies):
                     layouts.add(None if layout is None else layout.__name__)
     assert {"torchmx.kernels.layouts.fragment_layout",
             "torchmx.kernels.layouts.piece_layout"} <= layouts
+    assert not any(pl.fits(fp4, block, N, K) for block in (16, 32, 64)
+                   for N in range(0, 1025, 64) for K in range(0, 2049, 64))
+
+
+def test_mxfp4_layers_pickled_with_a_piece_copy_load_with_a_fragment_copy(monkeypatch):
+    """Earlier versions could give an MXFP4 weight a piece copy, which only pickles hold (the
+    copy is not in state dicts): unpickling rebuilds the copy in the layout prepack() picks
+    now, bit for bit the weight."""
+    monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda *_: False)
+    layer = _layer(fmt="float4_e2m1").prepack()
+    state = copy.deepcopy(layer).__getstate__()
+    state["_fragment_layout"] = "piece"
+    n = layer.weight_data.numel()  # the piece layout's size: the weight's bytes, no padding
+    state["_buffers"]["weight_prepacked_codes"] = torch.zeros(n, dtype=torch.uint8, device=DEVICE)
+    state["_buffers"]["weight_prepacked_scales"] = torch.zeros_like(layer.weight_scale).view(-1)
+    old = MXInferenceLinear.__new__(MXInferenceLinear)
+    old.__setstate__(state)
+    assert old.prepacked and old._fragment_layout == "fragment"
+    s, d = _unpacked(old)
+    assert torch.equal(s, layer.weight_scale) and torch.equal(d, layer.weight_data)
+    x = torch.randint(-4, 5, (2, 256)).to(torch.bfloat16).to(DEVICE)
+    assert torch.equal(old(x).view(torch.int16), layer(x).view(torch.int16))

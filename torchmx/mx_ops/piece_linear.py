@@ -30,10 +30,10 @@ from . import weight_matmul
 __all__ = ["mx_piece_linear", "PIECE_ROWS", "uses_piece_kernel"]
 
 # Activation rows for which the piece kernel runs, by codes a packed group (interleaved H100
-# timings at N = K = 8192, benchmarks/bench_gpu_matmul.py): one-byte codes (and fp4) 2..64,
-# where one row is faster in byte_gemv (fp4: its one-row kernel) on the standard layout; fp6
-# 1..32, where at 64 rows the standard layout's kernel is the faster.
-PIECE_ROWS = {1: range(2, 65), 2: range(2, 65), 4: range(1, 33)}
+# timings at N = K = 8192, benchmarks/bench_gpu_matmul.py): one-byte codes 2..64, where one
+# row is faster in byte_gemv on the standard layout; fp6 1..32, where at 64 rows the standard
+# layout's kernel is the faster. (MXFP4 weights have no piece layout: piece_layout.FORMATS.)
+PIECE_ROWS = {1: range(2, 65), 4: range(1, 33)}
 
 
 def uses_piece_kernel(input: Tensor, weight_scale: Tensor, weight_data: Tensor,

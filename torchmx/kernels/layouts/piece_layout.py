@@ -2,7 +2,7 @@
 
 `mma_linear` (kernels/linear/mma_linear.py) reads the standard layout (codes [N, packed K], scale bytes
 [N, K / 32]) in pieces: lane `4 g + t` of warp `w` loads, for each unit of a row (64 one-byte
-codes in 64 bytes, 128 fp4 codes in 64 bytes, 128 fp6 codes in 96 bytes), the quarter `t` of
+codes in 64 bytes, 128 fp6 codes in 96 bytes), the quarter `t` of
 the unit (a piece of PIECE = unit bytes / 4) of rows `16 w + g` and `16 w + g + 8` of a 64-row
 tile. A warp load thus touches 8 rows, PIECE * 4 bytes of each. `pack` moves the pieces, and
 nothing inside them, so that each warp load reads 32 PIECE contiguous bytes and each
@@ -12,11 +12,13 @@ nothing inside them, so that each warp load reads 32 PIECE contiguous bytes and 
     scales [N / 64, K / unit, 4 (w), 8 (g), B (blk), 2 (a)]               128 B (B 2) or 256 B (4)
 
 Row `64 nb + 16 w + 8 a + g`, piece `t` of unit `kb`, and B = unit codes / 32 blocks a unit
-(2 for one-byte codes, 4 for fp4 and fp6). A piece lies in block `blk = t * B / 4`, so the two
+(2 for one-byte codes, 4 for fp6). A piece lies in block `blk = t * B / 4`, so the two
 scale bytes a lane needs per chunk (rows a = 0, 1 of its block) are adjacent. The layout is a
 permutation of bytes: the kernel decodes exactly what it decodes from the standard layout.
 
-Only blocks of 32 (the OCP MX block), N and K multiples of 64 and of a unit: `fits`.
+Only blocks of 32 (the OCP MX block), N and K multiples of 64 and of a unit: `fits`. MXFP4
+weights have no piece layout: prepack() gives every MXFP4 weight that would fit one the
+fragment layout (fragment_layout.py), whose kernel is the faster.
 """
 
 from typing import Tuple
@@ -30,25 +32,25 @@ from .fast_decode import CHUNK, FAST_SCALES, UNITS
 __all__ = ["CHUNK", "FORMATS", "check_pieces", "describe", "fits", "pack", "unpack", "unit"]
 
 BLOCK = 32
-FORMATS = tuple(FAST_SCALES)  # mma_linear's formats
+FORMATS = tuple(f for f in FAST_SCALES if f != dtypes.float4_e2m1)  # mma_linear's, less fp4
 
 
 def unit(fmt: dtypes.DType) -> Tuple[int, int]:
-    """(codes, bytes) of a row in one unit of this format (mma_linear.UNITS)."""
+    """(codes, bytes) of a row in one unit of this format (fast_decode.UNITS)."""
     return UNITS[fmt.codes_per_group]
 
 
 def describe() -> str:
     """What `fits` asks, in words (for error messages)."""
     return (f"{', '.join(f.name for f in FORMATS)} in blocks of {BLOCK}, out_features a "
-            f"multiple of {CHUNK} and in_features of a unit's codes (64 one-byte, 128 fp6 or "
-            "fp4 codes)")
+            f"multiple of {CHUNK} and in_features of a unit's codes (64 one-byte or 128 fp6 "
+            "codes)")
 
 
 def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int) -> bool:
     """Whether a weight [out_features, in_features] of this format has a piece layout: an
-    mma_linear format in blocks of 32, out_features a non-zero multiple of 64 and in_features
-    of a unit's codes (64 one-byte, 128 fp4 or fp6 codes)."""
+    mma_linear format other than fp4 in blocks of 32, out_features a non-zero multiple of 64
+    and in_features of a unit's codes (64 one-byte or 128 fp6 codes)."""
     return (fmt in FORMATS and block_size == BLOCK and out_features > 0 and in_features > 0
             and out_features % CHUNK == 0 and in_features % unit(fmt)[0] == 0)
 
