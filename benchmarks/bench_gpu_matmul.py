@@ -46,10 +46,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
-from torchmx.kernels.linear import byte_gemv, fragment_matmul as fm, mma_linear  # noqa: E402
-from torchmx.kernels.layouts import fragment_layout  # noqa: E402
+from torchmx.kernels.linear import byte_gemv, fp4_wgmma_matmul as fm, mma_linear  # noqa: E402
+from torchmx.kernels.layouts import fp4_wgmma_layout  # noqa: E402
 from torchmx.kernels.linear import dispatch as km, mx_gemm  # noqa: E402
-from torchmx.kernels.layouts import piece_layout  # noqa: E402
+from torchmx.kernels.layouts import mma_layout  # noqa: E402
 from torchmx.mx_ops import fragment_linear as fragment_op, piece_linear as piece_op  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
@@ -139,9 +139,9 @@ def prepacked_parts(w):
     MXFP4 (with its fold flag), the piece layout's for the other formats; split-K counters."""
     counters = torch.zeros(w.shape[0] // 64, dtype=torch.int32, device=w.device)
     if w.elem_dtype == dtypes.float4_e2m1:
-        codes, scales = fragment_layout.preshuffle(w._scale_e8m0, w._data)
-        return codes, scales, counters, fragment_layout.fold_scales(w._scale_e8m0)
-    return (*piece_layout.pack(w._scale_e8m0, w._data, w.elem_dtype), counters)
+        codes, scales = fp4_wgmma_layout.preshuffle(w._scale_e8m0, w._data)
+        return codes, scales, counters, fp4_wgmma_layout.fold_scales(w._scale_e8m0)
+    return (*mma_layout.pack(w._scale_e8m0, w._data, w.elem_dtype), counters)
 
 
 def prepacked_linear(x, w, parts, bias=None):
@@ -210,11 +210,11 @@ def time_configs(configs, run, x, ws, label):
 
 
 def fragment_configs(M):
-    """Tiles of the fragment kernel worth timing for M activation rows (FragmentConfig)."""
+    """Tiles of the fragment kernel worth timing for M activation rows (Fp4WgmmaConfig)."""
     block_m = km.block_m_for(M)
     tiles = [(1, 2, 6, 4), (1, 2, 8, 4), (1, 2, 12, 4), (1, 4, 8, 4), (2, 2, 4, 4), (2, 2, 6, 4),
              (2, 2, 8, 4), (2, 2, 4, 8), (2, 2, 8, 8), (4, 2, 4, 8)]
-    return [fm.FragmentConfig(block_m, v, u, split, warps, stages)
+    return [fm.Fp4WgmmaConfig(block_m, v, u, split, warps, stages)
             for (v, u, split, warps), stages in itertools.product(tiles, (2, 3))]
 
 
@@ -224,7 +224,7 @@ def fragment_sweep(Ms, N, K):
     for M in Ms:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         default = fm.default_config(M, N, K, x.device)
-        rows = time_configs(fragment_configs(M) + [default], lambda i, cfg: fm.fragment_linear(
+        rows = time_configs(fragment_configs(M) + [default], lambda i, cfg: fm.fp4_wgmma_linear(
             x, *parts[i][:3], N, parts[i][3], None, cfg), x, ws, f"fragment M={M}")
         for t, cfg in rows[:6] + [r for r in rows[6:] if r[1] == default][:1]:
             tag = "  (default)" if cfg == default else ""

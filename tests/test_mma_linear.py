@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
 from torchmx.kernels.linear import mma_linear, dispatch as km
-from torchmx.kernels.layouts import piece_layout
+from torchmx.kernels.layouts import mma_layout
 from torchmx.mx_ops import weight_matmul
 
 from covering import all_pairs
@@ -79,13 +79,13 @@ def test_block_sizes_and_fp32_output(fmt, block_size):
        split=st.integers(1, 4), ahead=st.sampled_from([1, 2]), seed=st.integers(0, 99),
        pieces=st.booleans())
 def test_any_tile_is_exact(fmt, M, tiles_n, steps, v, u, split, ahead, seed, pieces):
-    """On the standard layout, or on the piece layout (piece_layout.py; not MXFP4) with the
+    """On the standard layout, or on the piece layout (mma_layout.py; not MXFP4) with the
     split-K sum in the kernel."""
     N, K = 64 * v * tiles_n, u * steps * _unit(fmt)
     x, w = integer_operands(fmt, M, N, K, seed=seed)
     parts = None
-    if pieces and w.elem_dtype in piece_layout.FORMATS:
-        parts = (*piece_layout.pack(w._scale_e8m0, w._data, w.elem_dtype),
+    if pieces and w.elem_dtype in mma_layout.FORMATS:
+        parts = (*mma_layout.pack(w._scale_e8m0, w._data, w.elem_dtype),
                  torch.zeros(N // 64, dtype=torch.int32, device=DEVICE))
     out = mma_linear.mma_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None,
                                 x.dtype, MmaConfig(v, u, split, ahead), parts)

@@ -1,4 +1,4 @@
-"""The piece layout (kernels/layouts/piece_layout.py), mma_linear reading it (with the split-K sum in the
+"""The piece layout (kernels/layouts/mma_layout.py), mma_linear reading it (with the split-K sum in the
 kernel; exactness on any tile is test_mma_linear.py's property test, which draws both layouts)
 and the op that dispatches to it (mx_ops/piece_linear.py).
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
 from torchmx.kernels.linear import mma_linear
-from torchmx.kernels.layouts import piece_layout as pl
+from torchmx.kernels.layouts import mma_layout as pl
 from torchmx.mx_ops import piece_linear as pop
 from torchmx.mx_ops import weight_matmul
 

@@ -16,7 +16,7 @@ import torch
 
 from torchmx import dtypes
 from torchmx.config import MXConfig, QLinearConfig
-from torchmx.kernels.layouts import fragment_layout as fl, piece_layout as pl, stream_layout as sl
+from torchmx.kernels.layouts import fp4_wgmma_layout as fl, mma_layout as pl, tma_stream_layout as sl
 from torchmx.kernels.linear import stream_matmul
 from torchmx.mx_ops import weight_matmul
 from torchmx.nn import MXInferenceLinear, inference_linear, prepack_weights
@@ -345,8 +345,8 @@ def test_mxfp4_weights_never_take_the_piece_layout(stream_copies):
                         assert layout is (sl if stream_copies and sl.fits(fp4, 32, N, K)
                                           else fl), (N, K)
                     layouts.add(None if layout is None else layout.__name__)
-    assert {"torchmx.kernels.layouts.fragment_layout",
-            "torchmx.kernels.layouts.piece_layout"} <= layouts
+    assert {"torchmx.kernels.layouts.fp4_wgmma_layout",
+            "torchmx.kernels.layouts.mma_layout"} <= layouts
     assert not any(pl.fits(fp4, block, N, K) for block in (16, 32, 64)
                    for N in range(0, 1025, 64) for K in range(0, 2049, 64))
 

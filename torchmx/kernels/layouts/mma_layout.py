@@ -18,7 +18,7 @@ permutation of bytes: the kernel decodes exactly what it decodes from the standa
 
 Only blocks of 32 (the OCP MX block), N and K multiples of 64 and of a unit: `fits`. MXFP4
 weights have no piece layout: prepack() gives every MXFP4 weight that would fit one the
-fragment layout (fragment_layout.py), whose kernel is the faster.
+fragment layout (fp4_wgmma_layout.py), whose kernel is the faster.
 """
 
 from typing import Tuple
@@ -66,7 +66,7 @@ def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
     """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the piece layout's
     (codes, scales): flat uint8 copies on data's device."""
     N, K = args.check_weight_parts(scale, data, fmt, BLOCK, fits, describe(),
-                                   "piece_layout.pack")
+                                   "mma_layout.pack")
     nb, kb, piece, blocks = _dims(fmt, N, K)
     codes = data.view(torch.uint8).reshape(nb, 4, 2, 8, kb, 4, piece)  # nb w a g | kb t | byte
     scales = scale.reshape(nb, 4, 2, 8, kb, blocks)                    # nb w a g | kb blk
@@ -81,7 +81,7 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
     if (not fits(fmt, BLOCK, N, K) or codes.shape != (N * K * fmt.bytes_per_group
                                                       // fmt.codes_per_group,)
             or scales.shape != (N * K // BLOCK,)):
-        raise ValueError(f"piece_layout.unpack: codes and scales must be pack's of a {fmt.name} "
+        raise ValueError(f"mma_layout.unpack: codes and scales must be pack's of a {fmt.name} "
                          f"weight [{out_features}, {in_features}], got shapes "
                          f"{tuple(codes.shape)} and {tuple(scales.shape)}")
     nb, kb, piece, blocks = _dims(fmt, N, K)
@@ -92,7 +92,7 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
 
 def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
                  device: torch.device, op: str = "mma_linear") -> None:
-    """ValueError unless `pieces` is (codes, scales, counters): piece_layout.pack's codes and
+    """ValueError unless `pieces` is (codes, scales, counters): mma_layout.pack's codes and
     scales of this weight [N, K] and int32 counters, one a 64-row tile, all contiguous 1-d
     tensors on `device`."""
     if not fits(fmt, block_size, N, K):
@@ -107,4 +107,4 @@ def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
     for name, t, (numel, dtype, alignment) in zip(("codes", "scales", "counters"), pieces,
                                                  expected):
         args.check_flat_part(t, f"{op}: the pieces' {name}", numel, dtype, device, alignment,
-                             "piece_layout.pack")
+                             "mma_layout.pack")

@@ -2,7 +2,7 @@
 
 The standard layout (an MXTensor [N, K], blocks of 32 along K) stores codes [N, K / 2] (code
 2i in the low nibble of byte i) and scale bytes [N, K / 32]. `preshuffle` rearranges both for
-`fragment_matmul.py`, whose kernel multiplies W (as wgmma's A operand, taken from registers)
+`fp4_wgmma_matmul.py`, whose kernel multiplies W (as wgmma's A operand, taken from registers)
 by x^T. In wgmma's m64nNk16 A fragment, lane `4 g + t` of warp `w` holds rows `16 w + g` and
 `16 w + g + 8` and columns `2 t`, `2 t + 1`, `2 t + 8`, `2 t + 9` of each 64 x 16 slice. Per
 64 x 64 chunk (nb, kb) of W:
