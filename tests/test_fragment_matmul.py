@@ -1,4 +1,4 @@
-"""The fragment layout of MXFP4 weights (kernels/layouts/fp4_wgmma_layout.py), its Hopper kernel
+"""The fp4 wgmma layout of MXFP4 weights (kernels/layouts/fp4_wgmma_layout.py), its Hopper kernel
 (kernels/linear/fp4_wgmma_matmul.py) and the op that dispatches to it (mx_ops/fragment_linear.py);
 MXInferenceLinear.prepack() is tested in test_prepack.py.
 
@@ -40,7 +40,7 @@ def kernels_on_cpu(monkeypatch):
 
 def needs_kernel():
     if CUDA and not HOPPER:
-        pytest.skip("the fragment kernel needs sm_90 (or the CPU interpreter)")
+        pytest.skip("the fp4 wgmma kernel needs sm_90 (or the CPU interpreter)")
 
 
 def parts(w):

@@ -89,7 +89,7 @@ def test_stream_plan_is_the_operator(fmt, bias):
     layer = torchmx.MXInferenceLinear.from_float(linear, QLinearConfig(MXConfig(fmt), None))
     layer.prepack()
     if layer._fragment_layout != "stream":
-        pytest.skip("no stream layout on this GPU / Triton")
+        pytest.skip("no TMA stream layout on this GPU / Triton")
     b = None if layer.bias is None else layer.bias.detach()
     base = torch.randn(64 * 1024 + 8, device="cuda", dtype=torch.bfloat16)
     for rows, offset in [(1, 0), (2, 0), (16, 0), (16, 8), (64, 0), (1, 0), (16, 0)]:

@@ -79,7 +79,7 @@ def test_block_sizes_and_fp32_output(fmt, block_size):
        split=st.integers(1, 4), ahead=st.sampled_from([1, 2]), seed=st.integers(0, 99),
        pieces=st.booleans())
 def test_any_tile_is_exact(fmt, M, tiles_n, steps, v, u, split, ahead, seed, pieces):
-    """On the standard layout, or on the piece layout (mma_layout.py; not MXFP4) with the
+    """On the standard layout, or on the MMA layout (mma_layout.py; not MXFP4) with the
     split-K sum in the kernel."""
     N, K = 64 * v * tiles_n, u * steps * _unit(fmt)
     x, w = integer_operands(fmt, M, N, K, seed=seed)

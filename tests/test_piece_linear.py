@@ -1,4 +1,4 @@
-"""The piece layout (kernels/layouts/mma_layout.py), mma_linear reading it (with the split-K sum in the
+"""The MMA layout (kernels/layouts/mma_layout.py), mma_linear reading it (with the split-K sum in the
 kernel; exactness on any tile is test_mma_linear.py's property test, which draws both layouts)
 and the op that dispatches to it (mx_ops/piece_linear.py).
 
@@ -102,7 +102,7 @@ def test_fits_and_bad_parts():
     assert not pl.fits(e4m3, 64, 64, 128)  # blocks of 32 only
     assert not pl.fits(e4m3, 32, 96, 64) and not pl.fits(e4m3, 32, 64, 96)
     assert not pl.fits(e2m3, 32, 64, 64)  # fp6 units are 128 codes
-    # MXFP4 weights get the fragment layout (test_prepack: it takes every one this would)
+    # MXFP4 weights get the fp4 wgmma layout (test_prepack: it takes every one this would)
     assert not pl.fits(dtypes.float4_e2m1, 32, 64, 128)
     fp4 = MXTensor.to_mx(torch.randn(64, 128), "float4_e2m1", 32)
     with pytest.raises(ValueError, match="float8_e4m3, float8_e5m2, float6_e2m3, float6_e3m2, "

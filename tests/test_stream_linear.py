@@ -1,4 +1,4 @@
-"""The stream layout (kernels/layouts/tma_stream_layout.py), the Gluon kernel that reads it
+"""The TMA stream layout (kernels/layouts/tma_stream_layout.py), the Gluon kernel that reads it
 (kernels/linear/stream_matmul.py) and the op torch.ops.torchmx.mx_stream_linear.
 
 Gluon kernels do not run under Triton's interpreter. On the CPU: the layout bit for bit, the
@@ -27,7 +27,7 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
 
 FORMATS = ["float8_e4m3", "float8_e5m2", "int8", "float4_e2m1", "float6_e2m3", "float6_e3m2"]
 FP8 = FORMATS[:2]
-OTHER = dtypes.ExMy(3, 3)  # a custom minifloat: no stream layout
+OTHER = dtypes.ExMy(3, 3)  # a custom minifloat: no TMA stream layout
 ON_GPU = DEVICE == "cuda" and stream_matmul.usable_on(torch.device("cuda"))
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on sm_90 GPUs only")
 needs_gluon = pytest.mark.skipif(not stream_matmul.available(), reason="this Triton has no Gluon")
@@ -472,7 +472,7 @@ def test_op_checks_its_parts():
     with pytest.raises(ValueError, match="mx_stream_linear: the stream counters .* 1 elements"):
         _op(x, w, (codes, scales, torch.zeros(2, dtype=torch.int32, device=DEVICE)))
     x128, w128 = integer_operands("float8_e4m3", 4, 64, 128)
-    with pytest.raises(ValueError, match="mx_stream_linear: the stream layout needs"):
+    with pytest.raises(ValueError, match="mx_stream_linear: the TMA stream layout needs"):
         _op(x128, w128, (codes, scales, counters))
 
 

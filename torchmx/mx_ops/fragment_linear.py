@@ -1,5 +1,5 @@
 """`torch.ops.torchmx.mx_fp4_fragment_linear`: F.linear with an MXFP4 weight that also has a
-pre-shuffled copy in the fragment layout (torchmx/kernels/layouts/fp4_wgmma_layout.py).
+pre-shuffled copy in the fp4 wgmma layout (torchmx/kernels/layouts/fp4_wgmma_layout.py).
 
     mx_fp4_fragment_linear(input, fragment_codes, fragment_scales, fragment_counters,
                            fragment_fold, weight_scale, weight_data, in_features, bias, out_dtype)
@@ -7,7 +7,7 @@ pre-shuffled copy in the fragment layout (torchmx/kernels/layouts/fp4_wgmma_layo
                            bias, out_dtype)
 
 On a Hopper GPU (sm_90), for bf16 input and output with FRAGMENT_ROWS activation rows, it runs
-the fragment kernel (kernels/linear/fp4_wgmma_matmul.py); otherwise the standard-layout parts take the
+the fp4 wgmma kernel (kernels/linear/fp4_wgmma_matmul.py); otherwise the standard-layout parts take the
 usual path (mx_weight_linear): one activation row is faster with the one-row kernel, many rows
 with dequantize + cuBLAS. Both are the exact product, fp32 accumulation and one rounding
 (the fp32 summation orders differ, so the last bits can), so the choice is by speed alone. Being one custom op, the choice is made at run time, also under
@@ -30,14 +30,14 @@ from . import weight_matmul
 
 __all__ = ["mx_fp4_fragment_linear", "FRAGMENT_ROWS", "uses_fragment_kernel"]
 
-# Activation rows for which the fragment kernel runs (an H100 sweep at N = K = 8192,
+# Activation rows for which the fp4 wgmma kernel runs (an H100 sweep at N = K = 8192,
 # benchmarks/bench_gpu_matmul.py: one row is faster in the one-row kernel, and beyond 64 rows
 # the standard path's dequantize + cuBLAS takes over).
 FRAGMENT_ROWS = range(2, 65)
 
 
 def uses_fragment_kernel(input: Tensor, out_dtype: torch.dtype) -> bool:
-    """Whether mx_fp4_fragment_linear runs the fragment kernel for this input."""
+    """Whether mx_fp4_fragment_linear runs the fp4 wgmma kernel for this input."""
     rows = input.numel() // input.shape[-1] if input.dim() and input.shape[-1] else 0
     if not (rows in FRAGMENT_ROWS and input.dtype == torch.bfloat16 == out_dtype
             and weight_matmul._kernels_usable(input.device)):
@@ -51,7 +51,7 @@ def _check_fragment(fragment_codes, fragment_scales, fragment_counters, weight_s
     from ..kernels.layouts import fp4_wgmma_layout as fl
     N = weight_scale.shape[0] if weight_scale.dim() == 2 else -1
     if not fl.fits(dtypes.float4_e2m1, 32, N, in_features):
-        raise ValueError(f"mx_fp4_fragment_linear: the fragment layout needs an MXFP4 weight "
+        raise ValueError(f"mx_fp4_fragment_linear: the fp4 wgmma layout needs an MXFP4 weight "
                          f"with out and in features multiples of {fl.CHUNK}, got weight scale "
                          f"{tuple(weight_scale.shape)} and in_features={in_features}")
     expected = [(fragment_codes, N * in_features // 2 + fl.PAD_CODE_BYTES, torch.uint8, 16),

@@ -1,4 +1,4 @@
-"""The piece layout: a copy of an MX weight whose every warp load in `mma_linear` is contiguous.
+"""The MMA layout: a copy of an MX weight whose every warp load in `mma_linear` is contiguous.
 
 `mma_linear` (kernels/linear/mma_linear.py) reads the standard layout (codes [N, packed K], scale bytes
 [N, K / 32]) in pieces: lane `4 g + t` of warp `w` loads, for each unit of a row (64 one-byte
@@ -17,8 +17,8 @@ scale bytes a lane needs per chunk (rows a = 0, 1 of its block) are adjacent. Th
 permutation of bytes: the kernel decodes exactly what it decodes from the standard layout.
 
 Only blocks of 32 (the OCP MX block), N and K multiples of 64 and of a unit: `fits`. MXFP4
-weights have no piece layout: prepack() gives every MXFP4 weight that would fit one the
-fragment layout (fp4_wgmma_layout.py), whose kernel is the faster.
+weights have no MMA layout: prepack() gives every MXFP4 weight that would fit one the
+fp4 wgmma layout (fp4_wgmma_layout.py), whose kernel is the faster.
 """
 
 from typing import Tuple
@@ -48,7 +48,7 @@ def describe() -> str:
 
 
 def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int) -> bool:
-    """Whether a weight [out_features, in_features] of this format has a piece layout: an
+    """Whether a weight [out_features, in_features] of this format has an MMA layout: an
     mma_linear format other than fp4 in blocks of 32, out_features a non-zero multiple of 64
     and in_features of a unit's codes (64 one-byte or 128 fp6 codes)."""
     return (fmt in FORMATS and block_size == BLOCK and out_features > 0 and in_features > 0
@@ -63,7 +63,7 @@ def _dims(fmt: dtypes.DType, N: int, K: int) -> Tuple[int, int, int, int]:
 
 def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
          ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the piece layout's
+    """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the MMA layout's
     (codes, scales): flat uint8 copies on data's device."""
     N, K = args.check_weight_parts(scale, data, fmt, BLOCK, fits, describe(),
                                    "mma_layout.pack")
@@ -96,7 +96,7 @@ def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
     scales of this weight [N, K] and int32 counters, one a 64-row tile, all contiguous 1-d
     tensors on `device`."""
     if not fits(fmt, block_size, N, K):
-        raise ValueError(f"{op}: the piece layout needs a weight of {describe()}, "
+        raise ValueError(f"{op}: the MMA layout needs a weight of {describe()}, "
                          f"got {fmt.name} [{N}, {K}] in blocks of {block_size}")
     if not isinstance(pieces, (tuple, list)) or len(pieces) != 3:
         got = (f"a {type(pieces).__name__} of {len(pieces)}" if isinstance(pieces, (tuple, list))

@@ -1,4 +1,4 @@
-"""The stream layout: a copy of an MX weight that `stream_linear` reads as one run per step.
+"""The TMA stream layout: a copy of an MX weight that `stream_linear` reads as one run per step.
 
 `stream_linear` (kernels/linear/stream_matmul.py) gives each 64-row tile of W [N, K] one CTA, which
 streams the tile's steps (64 rows x 128 codes: 128 bytes a row for one-byte codes, 64 for fp4)
@@ -120,7 +120,7 @@ def describe() -> str:
 
 
 def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int) -> bool:
-    """Whether a weight [out_features, in_features] of this format has a stream layout."""
+    """Whether a weight [out_features, in_features] of this format has a TMA stream layout."""
     return (fmt in FORMATS and block_size == BLOCK and out_features > 0
             and out_features % CHUNK == 0 and in_features % STEP_CODES == 0
             and in_features >= 2 * STEP_CODES
@@ -208,7 +208,7 @@ def multiplier_exponents(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DT
 
 def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
          ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the stream layout's
+    """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the TMA stream layout's
     (codes, scales): flat uint8 copies on data's device (scales: multiplier_exponents')."""
     N, K = args.check_weight_parts(scale, data, fmt, BLOCK, fits, describe(),
                                    "tma_stream_layout.pack")

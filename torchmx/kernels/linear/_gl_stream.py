@@ -29,7 +29,7 @@ EXACT_K = gl.constexpr(16)  # columns a step of the exact recomputation (half a 
 DECODE_E4M3 = gl.constexpr(_DECODE_E4M3.value)
 DECODE_E5M2 = gl.constexpr(_DECODE_E5M2.value)
 DECODE_INT8 = gl.constexpr(_DECODE_INT8.value)
-# A word of fp4 codes in the stream layout (tma_stream_layout.FP4_BITS) and its multiplier ->
+# A word of fp4 codes in the TMA stream layout (tma_stream_layout.FP4_BITS) and its multiplier ->
 # its four bf16 pairs: each register's bits (sign, then the magnitude as a bf16 denormal's
 # exponent and mantissa bits) masked into place in one or two instructions, then scaled.
 DECODE_E2M1 = gl.constexpr("""{ .reg .b32 r1, r2, r3, x0, x1, x2, x3;
@@ -119,7 +119,7 @@ def _loader(w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, re
             SUB: gl.constexpr, FP6: gl.constexpr, PDL: gl.constexpr, PREFETCH: gl.constexpr):
     """One warp: slot i % STAGES gets the tile's sub-steps step0 + i * SUB .. (x's columns
     from (step0 + i * SUB) * KB, and W's codes, fp6: both planes, and scales: one TMA box each
-    sub-step, at row step * tiles + tile of the step-major stream layout) once its consumer
+    sub-step, at row step * tiles + tile of the step-major TMA stream layout) once its consumer
     freed it (empty), and signals `ready` when the bytes have landed. With PDL it first asks
     L2 for the part's first PREFETCH sub-steps of W and scales, then waits for the previous
     kernel: x may be its output, and W may be too (prepack)."""

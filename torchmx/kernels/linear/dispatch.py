@@ -117,7 +117,7 @@ def _default_config(fmt: dtypes.DType, M: int, N: int, blocks_k: int, dtype: tor
         # Few rows per program, long runs of each row per step (1 KiB of fp4 or of fp8): N
         # alone gives enough programs, so K is not split and no second pass is needed. fp4
         # takes 8 rows x 64 blocks: each thread converts its x values once for the rows it
-        # holds (17.0 us at N = K = 8192 on an H100, bench_gpu_matmul.py). fp6 decodes sixteen
+        # holds (bench_gpu_matmul.py --sweep). fp6 decodes sixteen
         # codes from three words: more rows amortize the x broadcast.
         variant = ROWS
         block_n, blocks = {2: (8, 64), 4: (64, 4)}.get(fmt.codes_per_group, (8, 32))

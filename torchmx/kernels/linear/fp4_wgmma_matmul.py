@@ -1,4 +1,4 @@
-"""x [M, K] bf16 @ W.T for an MXFP4 weight W [N, K] in the fragment layout, on Hopper (sm_90).
+"""x [M, K] bf16 @ W.T for an MXFP4 weight W [N, K] in the fp4 wgmma layout, on Hopper (sm_90).
 
 The weight comes from `fp4_wgmma_layout.preshuffle`: each thread's 16 bytes per 64 x 64 chunk of
 W are the codes of its wgmma A-operand registers, so the kernel loads them straight into
@@ -381,7 +381,7 @@ def fp4_wgmma_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                     counters: torch.Tensor, N: int, fold: bool, bias: Optional[torch.Tensor],
                     config: Optional[Fp4WgmmaConfig] = None) -> torch.Tensor:
     """x [M, K] bf16 (1 <= M <= 64, contiguous) @ W.T + bias, rounded once to bf16, for W
-    [N, K] given by the fragment layout's `codes` and `scales` (fp4_wgmma_layout.preshuffle),
+    [N, K] given by the fp4 wgmma layout's `codes` and `scales` (fp4_wgmma_layout.preshuffle),
     its int32 split counters [N / 64] (zero between calls) and `fold`
     (fp4_wgmma_layout.fold_scales)."""
     M, K = x.shape

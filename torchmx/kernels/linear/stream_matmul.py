@@ -1,5 +1,5 @@
 """x [M, K] @ W.T for 1..64 activation rows and an MXFP4, MXFP6 (e2m3 / e3m2), MXFP8 (e4m3 /
-e5m2) or MXINT8 weight W [N, K] in the stream layout (tma_stream_layout.py), on Hopper (sm_90): one
+e5m2) or MXINT8 weight W [N, K] in the TMA stream layout (tma_stream_layout.py), on Hopper (sm_90): one
 wave of CTAs, each streaming its 64-row tile of W over all of K, or over a part of K where the
 tiles alone are too few for the SMs (split-K).
 
@@ -10,7 +10,7 @@ or `split_k` CTAs of one part of K each where that fills the SMs better (N = 409
 N = 1024: 8), written in Gluon (Triton's explicit-layout dialect, _gl_stream.py) because
 Triton's language cannot express its warp roles:
 
-- a loader warp brings each step's W codes (one contiguous run of the stream layout; fp6: one
+- a loader warp brings each step's W codes (one contiguous run of the TMA stream layout; fp6: one
   run in each of its two planes), x^T [M padded to MP, 128 codes a sub-step] and the blocks'
   multiplier exponents (the stream scales) into a STAGES-slot shared-memory ring by TMA (rows
   of x past M read as zeros); the CTAs go through K at about the same pace, so together they
@@ -18,7 +18,7 @@ Triton's language cannot express its warp roles:
 - two consumer warpgroups take the ring's slots in turn. Each lane loads its words of a row
   (one 16- or 32-byte shared-memory load; fp6: 16 bytes of plane A, 8 of plane B), decodes
   them into exactly its wgmma A registers (value * 2**(s - 127) in bf16: mma_linear's decode
-  for one-byte codes and fp6, one for the stream layout's spread fp4 bits, each times its
+  for one-byte codes and fp6, one for the TMA stream layout's spread fp4 bits, each times its
   block's multiplier, one instruction from its byte in the stream scales) and runs wgmma (W
   from registers, x^T from shared memory, "swap AB": out^T = W x^T) into its own fp32
   accumulator, each sub-step in two halves of K (the first half's wgmma runs while the
@@ -41,7 +41,7 @@ overlaps (the wait returns at once); the gain is in the ramp and tail of back-to
 
 The counters (int32, one a tile, zero between calls: prepack's copy keeps its own) make
 concurrent calls on one weight on two streams race when K is split, as for the fragment and
-piece kernels.
+MMA-layout kernels.
 
 Numerics are those of kernels/linear/dispatch.py: exact bf16 products, fp32 sums, one rounding (the
 order of the fp32 sums depends on the split, so on the GPU's SM count; runs on one GPU give
@@ -80,11 +80,11 @@ __all__ = ["MAX_PREFETCH", "MAX_SPLIT", "USE_PDL", "StreamConfig", "available", 
 # rows).
 _PREFERRED = {1: (4, 2), 2: (6, 2), 4: (6, 2)}
 # Slots of one sub-step each, where K's steps do not go in pairs: of the same sweeps' rings of
-# one sub-step, (8, 1) was the fastest for MXFP4 at 1, 16 and 64 rows and for every format at
-# 64, and within 0.3 us of (6, 1) elsewhere (one-byte codes at 1 and 16 rows, e2m3 at 1).
+# one sub-step, (8, 1) is the fastest for MXFP4 at 1, 16 and 64 rows and for every format at
+# 64, and within noise of (6, 1) elsewhere (one-byte codes at 1 and 16 rows, e2m3 at 1).
 _ONE_SUB_STAGES = 8
 # Sub-steps of W (and scales) a CTA asks L2 for before its wait (PDL): of 0, 2, 4 and 8
-# (benchmarks/bench_stream_linear.py --parts pdl) and 6 and 16 (scratch), 4 was the fastest
+# (benchmarks/bench_stream_linear.py --parts pdl), 4 is the fastest
 # or within noise of it for e4m3, MXFP4 and MXFP6 at 1, 16 and 64 rows (H100, N = K = 8192,
 # back-to-back calls: docs/performance.md).
 _PREFETCH = 4
@@ -99,7 +99,7 @@ _SHARED_BYTES = 227 * 1024 - 2048
 MAX_SPLIT = 8
 # One CTA an SM: the kernel pays off only where its CTAs (the tiles, times split_k) fill enough
 # of their waves of SMs. By codes a packed group (1: one-byte codes, 2: MXFP4, 4: MXFP6), from
-# H100 timings against the fragment and piece kernels (benchmarks/bench_stream_linear.py's
+# H100 timings against the fp4 wgmma and MMA-layout kernels (benchmarks/bench_stream_linear.py's
 # wave-policy table, docs/performance.md): with 97% of a wave (N = 8192; N = 4096 and 1024
 # split 2 and 8 ways: 128 CTAs on 132 SMs) it wins for every format at 16 rows (e4m3 at N =
 # 4096, K = 14336: even); at N = 14336 (224 tiles, 85% of two waves) it wins for MXFP4 and
@@ -107,7 +107,7 @@ MAX_SPLIT = 8
 MIN_WAVE_FILL = {1: 0.9, 2: 0.8, 4: 0.8}
 # One MXFP4 row: the one-row kernel on the standard layout beat it at N = 14336 and wherever K
 # is split, not at N = 8192: one row takes it only unsplit, filling this much of its waves.
-# (One MXFP6 row takes it wherever several do: it beat the piece kernel at every shape.)
+# (One MXFP6 row takes it wherever several do: it beat the MMA-layout kernel at every shape.)
 ONE_ROW_MIN_FILL = 0.9
 
 
@@ -187,8 +187,8 @@ def fills_waves(fmt: dtypes.DType, N: int, K: int, device: torch.device,
 
 def _rows_padded(M: int) -> int:
     """wgmma's N: the activation rows padded (TMA reads the rows past M as zeros). Up to 8
-    rows, n8 tiles halve x's shared-memory traffic of n16 ones, which made MXFP4 at 1..7 rows
-    about 2 us slower than at 8 (H100, N = K = 8192)."""
+    rows, n8 tiles halve x's shared-memory traffic of n16 ones (with n16 tiles MXFP4 at 1..7
+    rows is slower than at 8 on an H100)."""
     return 8 if M <= 8 else (16 if M <= 16 else (32 if M <= 32 else 64))
 
 
@@ -219,7 +219,7 @@ def default_config(fmt: dtypes.DType, M: int, K: int, split: int = 1) -> StreamC
 
 def eligible(x: torch.Tensor, fmt: dtypes.DType, N: int, K: int) -> bool:
     """Whether `stream_linear` takes x with a weight [N, K] of this format: 1..64 contiguous
-    bf16 rows [M, K], 16-byte aligned (TMA), a weight that has a stream layout
+    bf16 rows [M, K], 16-byte aligned (TMA), a weight that has a TMA stream layout
     (tma_stream_layout.fits, blocks of 32), on an sm_90 GPU with Gluon."""
     return (x.dim() == 2 and 1 <= x.shape[0] <= 64 and x.shape[1] == K
             and x.dtype == torch.bfloat16 and x.is_contiguous() and aligned(x)
@@ -233,7 +233,7 @@ def check_parts(codes: torch.Tensor, scales: torch.Tensor, counters: Optional[to
     format, contiguous 1-d uint8 tensors on `device`, 16-byte aligned (TMA), and counters (if
     given) the split-K counters: a contiguous int32 tensor of N / 64 zeros."""
     if not tma_stream_layout.fits(fmt, tma_stream_layout.BLOCK, N, K):
-        raise ValueError(f"{op}: the stream layout needs a weight of {tma_stream_layout.describe()}, "
+        raise ValueError(f"{op}: the TMA stream layout needs a weight of {tma_stream_layout.describe()}, "
                          f"got {fmt.name} [{N}, {K}]")
     args.check_flat_part(codes, f"{op}: the stream codes", N * K // tma_stream_layout.STEP_CODES
                          * tma_stream_layout.step_bytes(fmt), torch.uint8, device, 16,
@@ -251,7 +251,7 @@ def stream_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                   config: Optional[StreamConfig] = None,
                   counters: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [M, K] @ W.T + bias (contiguous, [N]), rounded once to out_dtype, for the weight W [N,
-    K] given in the stream layout (codes, scales: tma_stream_layout.pack's) and in the standard one
+    K] given in the TMA stream layout (codes, scales: tma_stream_layout.pack's) and in the standard one
     (w_scale [N, K / 32], w_data [N, packed K], unit stride along K: read only to recompute a
     tile exactly). `config` None: default_config with split_k's split. `counters`: the split-K
     counters (int32 [N / 64], zero, left zero), or None for fresh zeros where K is split."""
