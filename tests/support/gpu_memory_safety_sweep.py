@@ -246,7 +246,7 @@ def main(argv):
     if DEVICE == "cuda":
         from torchmx.kernels.linear import stream_matmul
         if stream_matmul.usable_on(torch.device("cuda")) and "stream" not in layouts:
-            raise AssertionError("the stream layout is usable on this GPU but no case reached it")
+            raise AssertionError("the TMA stream layout is usable on this GPU but no case reached it")
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     print("sweep done", flush=True)

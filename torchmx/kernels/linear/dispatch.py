@@ -6,8 +6,7 @@ once to the output dtype:
 - M <= SMALL_M activation rows (decode): the fused Triton kernel of matmul_kernels.py. The
   weight stays packed in memory and is decoded in registers; the scales multiply fp32 block
   partials, so no element is ever rounded. fp6 only for one row whose weight rows are whole
-  32-bit words (K a multiple of 16), or through mma_linear (below): the dot variants read
-  3-byte groups a byte at a time, slower than the dequantize + cuBLAS path. One row of an fp8
+  32-bit words (K a multiple of 16), or through mma_linear (below). One row of an fp8
   or MXINT8 weight (one-byte codes) whose rows are whole, aligned 16-byte pieces takes
   byte_gemv.py's kernel instead, and 2..64 bf16 rows times an fp8, fp6, fp4 or MXINT8 weight
   whose rows are whole units (64 one-byte codes, 128 fp6 or fp4 codes; N a multiple of 64)
@@ -126,7 +125,7 @@ def _default_config(fmt: dtypes.DType, M: int, N: int, blocks_k: int, dtype: tor
         # Few rows per program, long runs of each row per step (1 KiB of fp4 or of fp8): N
         # alone gives enough programs, so K is not split and no second pass is needed. fp4
         # takes 8 rows x 64 blocks: each thread converts its x values once for the rows it
-        # holds (17.0 us at N = K = 8192 on an H100, bench_gpu_matmul.py). fp6 decodes sixteen
+        # holds (bench_gpu_matmul.py --sweep). fp6 decodes sixteen
         # codes from three words: more rows amortize the x broadcast.
         variant = ROWS
         block_n, blocks = {2: (8, 64), 4: (64, 4)}.get(fmt.codes_per_group, (8, 32))
@@ -394,7 +393,7 @@ def _route(x2: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: d
     fused = (M <= SMALL_M and _int32_offsets(x2, w_data, w_scale, M)
              and (fmt.codes_per_group != 4 or (M <= ROWS_MAX_M and _whole_words(fmt, w_data, K))
                   or mma_linear.eligible(x2, w_data, fmt, block_size)))
-    if x2.device.type == "cuda" and not fused:
+    if not fused:
         return "dequantized", None
     if byte_gemv.eligible(x2, w_data, fmt, block_size):
         return "byte_gemv", byte_gemv.default_config(N, K, x2.device)

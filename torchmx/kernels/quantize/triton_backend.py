@@ -228,8 +228,8 @@ def _thread_rows(elem_size: int, block_size: int, n: int, cpg: int, unit_stride:
 
     fp32 inputs take it for fp6 only. A thread then holds 128 input bytes per block, and
     with fp8 / MXINT8 / fp4 codes quantize_rows_kernel (a block over several threads, whole
-    sectors per load) was faster on an H100: 99.6% / 99.4% / 92.1% of copy against 62-86%
-    (docs/performance.md). For fp6 it is the other way round (89% against 46%)."""
+    sectors per load) is faster on an H100 (docs/kernels.md). For fp6 it is the other way
+    round."""
     cw = 16 // elem_size
     if os.environ.get("TORCHMX_TRITON_THREAD_ROWS", "1") == "0" or not unit_stride:
         return None
