@@ -38,7 +38,8 @@ from ...numerics.rounding import seed_key
 from .._common import decode_constants, device_capability, interpreting
 from .._launch import Launch, launch
 
-__all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "TUNING"]
+__all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "QuantizePlan",
+           "DequantizePlan", "TUNING", "KNOBS"]
 
 # The kernels' SCALE_MODE / ROUNDING constexprs, by the names users pass (plain ints: what
 # Triton keys its specializations by).
