@@ -14,7 +14,12 @@
    difference printed: inductor fuses the SiLU gate's bf16 elementwise ops without their
    intermediate roundings, so the whole stack differs from eager in bf16 too, while each
    MX linear alone equals eager bit for bit (tests/mx_ops/test_gpu_short_path.py,
-   tests/mx_ops/test_mx_tensor_compile.py).
+   tests/mx_ops/test_mx_tensor_compile.py). Then the host floor of eager decode: the same blocks with
+   every linear replaced by a module that returns a preallocated output of the same shape
+   (no work, no launch), so what is left is the host time of the SiLU gate, the product, the
+   residual add and the module calls. bf16 eager over that floor bounds the eager speedup any
+   linear could give; the compiled counterpart is printed beside it. Graph breaks and
+   recompilations of the compiled models are counted.
 3. --large-m (CUDA): F.linear of 8192 rows with an MXFP4 weight [8192, 8192], eager, against
    eager cuBLAS bf16 on the dequantized weight (the results must be equal bit for bit).
 """
@@ -125,6 +130,29 @@ class MLPStack(nn.Module):
         return x
 
 
+class _Preallocated(nn.Module):
+    """A linear's stand-in for the host floor: returns one preallocated output (no work)."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def forward(self, x):
+        return self.out
+
+
+def _floor_stack(reference: MLPStack, rows: int) -> MLPStack:
+    """`reference`'s blocks with every linear a _Preallocated of its output's shape."""
+    import copy
+    stack = copy.deepcopy(reference)
+    for block in stack.blocks:
+        for name, linear in list(block.items()):
+            block[name] = _Preallocated(torch.zeros(1, rows, linear.out_features,
+                                                    device=linear.weight.device,
+                                                    dtype=linear.weight.dtype))
+    return stack
+
+
 def _gpu_time_us(fn, calls=50, rounds=9) -> float:
     for _ in range(3):
         fn()
@@ -152,10 +180,18 @@ def mlp_table(out) -> None:
           "torch.no_grad()", file=out)
     print(f"{'rows':>4} {'weights':<7}{'eager':>10}{'compile':>10}{'graphs':>10}"
           f"{'  vs bf16: eager / compile / graphs'}", file=out)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    floors = {}
     with torch.no_grad():
         for rows in (1, 16):
             x = torch.randn(1, rows, 4096, device="cuda", dtype=torch.bfloat16)
             times = {}
+            floor = _floor_stack(models["bf16"], rows)
+            torch._dynamo.reset()
+            floor_compiled = torch.compile(floor)
+            floor_compiled(x)
+            floors[rows] = (_gpu_time_us(lambda: floor(x)), _gpu_time_us(lambda: floor_compiled(x)))
             for name, model in models.items():
                 torch._dynamo.reset()
                 compiled = torch.compile(model)
@@ -173,6 +209,15 @@ def mlp_table(out) -> None:
                 b = times["bf16"]
                 print(f"{rows:>4} {name:<7}{e:10.1f}{c:10.1f}{g:10.1f}   "
                       f"{b[0] / e:5.2f}x / {b[1] / c:5.2f}x / {b[2] / g:5.2f}x", file=out)
+            e, c = floors[rows]
+            b = times["bf16"]
+            print(f"{rows:>4} {'floor':<7}{e:10.1f}{c:10.1f}{'':>10}   {b[0] / e:5.2f}x / "
+                  f"{b[1] / c:5.2f}x  (linears that cost nothing: the most any could give)",
+                  file=out)
+    breaks = sum(counters["graph_break"].values())
+    print(f"compiled: {breaks} graph breaks, {counters['stats'].get('unique_graphs', 0)} graphs "
+          f"for {2 * (1 + 2 * len(models))} compiled models (floor included; one graph each "
+          f"when nothing breaks or recompiles)", file=out)
 
 
 def large_m_table(out) -> None:

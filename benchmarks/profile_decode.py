@@ -4,6 +4,7 @@ cProfile and under torch.profiler (the kernels launched per forward).
 
     python benchmarks/profile_decode.py                 # CUDA, 1 and 16 rows
     python benchmarks/profile_decode.py --prepack       # also with prepack_weights()
+    python benchmarks/profile_decode.py --compile       # also torch.compile (default mode)
 
 Prints, per model: the wall time of a forward with and without a synchronize at the end
 (the host time alone, when the GPU keeps up), the functions with the most own host time, and
@@ -71,12 +72,19 @@ def _kernels(fn) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prepack", action="store_true")
+    parser.add_argument("--compile", action="store_true",
+                        help="also profile each model under torch.compile (default mode)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--formats", nargs="+", default=["MXFP4", "MXFP8"],
+                        choices=["MXFP4", "MXFP8"])
     parser.add_argument("--top", type=int, default=30)
     options = parser.parse_args()
     torch.manual_seed(0)
     reference = MLPStack()
     models = {"bf16": reference}
     for fmt, name in (("float4_e2m1", "MXFP4"), ("float8_e4m3", "MXFP8")):
+        if name not in options.formats:
+            continue
         model = copy.deepcopy(reference)
         torchmx.quantize_linear_(model, QLinearConfig(MXConfig(fmt), None))
         models[name] = model
@@ -86,19 +94,29 @@ def main() -> None:
             models[name + " prepacked"] = prepacked
     print(f"profile_decode, torch {torch.__version__}, {torch.cuda.get_device_name()}")
     with torch.no_grad():
-        for rows in (1, 16):
+        for rows in options.rows:
             x = torch.randn(1, rows, 4096, device="cuda", dtype=torch.bfloat16)
             for name, model in models.items():
-                def step():
-                    return model(x)
-                synced = _per_call_us(step, True)
-                host = _per_call_us(step, False)
-                print(f"\n=== {name}, {rows} rows: {synced:.1f} us a forward, host alone "
-                      f"{host:.1f} us ===")
-                if name == "bf16":
-                    continue
-                print(_kernels(step))
-                print(_profile(step, options.top))
+                runs = [(name, model)]
+                if options.compile:
+                    torch._dynamo.reset()
+                    runs.append((name + " compiled", torch.compile(model)))
+                for label, fn in runs:
+                    def step():
+                        return fn(x)
+                    counters = torch._dynamo.utils.counters
+                    counters.clear()
+                    synced = _per_call_us(step, True)
+                    host = _per_call_us(step, False)
+                    print(f"\n=== {label}, {rows} rows: {synced:.1f} us a forward, host alone "
+                          f"{host:.1f} us ===")
+                    if fn is not model:
+                        print(f"  graph breaks {sum(counters['graph_break'].values())}, "
+                              f"frames compiled {counters['stats'].get('unique_graphs', 0)}")
+                    if name == "bf16" and fn is model:
+                        continue
+                    print(_kernels(step))
+                    print(_profile(step, options.top))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from typing import Callable
 
 import torch
 
+from ._eager import short_path
+
 __all__ = ["custom_op"]
 
 _LIBRARY = torch.library.Library("torchmx", "FRAGMENT")  # noqa: TOR901 - kept for the process
@@ -42,7 +44,6 @@ class CustomOp:
     def eager(self) -> Callable:
         """The function itself where a call may take the short path (torchmx/_eager.py), else
         the operator (traced, under a dispatch mode or a torch.func transform)."""
-        from ._eager import short_path
         return self.fn if short_path() else self.default
 
     def register_fake(self, fake: Callable) -> Callable:

@@ -110,11 +110,13 @@ def _library() -> Optional[ctypes.CDLL]:
     return lib
 
 
+# TORCHMX_CPU_BACKEND=reference turns the C kernels off; read once, when torchmx is imported.
+_TURNED_OFF = os.environ.get("TORCHMX_CPU_BACKEND") == "reference"
+
+
 def available() -> bool:
     """True when the C kernels compiled and loaded."""
-    if os.environ.get("TORCHMX_CPU_BACKEND") == "reference":
-        return False
-    return _library() is not None
+    return not _TURNED_OFF and _library() is not None
 
 
 @functools.lru_cache(maxsize=None)

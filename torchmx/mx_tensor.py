@@ -363,14 +363,16 @@ def dequantize(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
     The result is dense, its dims in the storage's memory order (a transposed MXTensor
     dequantizes to a transposed tensor), so no packed data is reordered.
     """
-    order = layout.storage_order(tensor._data)
     data, scale, axis = tensor._data, tensor._scale_e8m0, tensor._block_dim
-    if order != sorted(order):
+    order = None if data.is_contiguous() else layout.storage_order(data)
+    if order == sorted(order or ()):
+        order = None  # dims already in memory order
+    if order is not None:
         data, scale, axis = data.permute(order), scale.permute(order), order.index(axis)
     dequantize_mx = _ops.dequantize_mx.eager()
     out = dequantize_mx(data, scale, tensor._elem_dtype.name, tensor._block_size, dtype, axis,
                         block_dim_size=tensor._block_dim_size)
-    if order != sorted(order):
+    if order is not None:
         out = out.permute([order.index(d) for d in range(len(order))])
     return out.reshape(()) if tensor.dim() == 0 else out
 

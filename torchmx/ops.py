@@ -4,7 +4,8 @@ They keep torchmx 0.1.0's positional signatures; every new option is keyword-onl
 same name and default as in `MXTensor.to_mx` and the configs. The op bodies validate their
 arguments and dispatch by device to the fastest backend proven bit-identical to the reference
 numerics: the C kernels on CPU, the Triton kernels on CUDA, the reference anywhere else (or
-when a backend is unavailable). Set TORCHMX_BACKEND=reference to force the reference.
+when a backend is unavailable). TORCHMX_BACKEND=reference, set before torchmx is imported,
+forces the reference.
 """
 
 from typing import Optional, Tuple
@@ -23,6 +24,23 @@ from .numerics.reference import (
 )
 
 __all__ = ["quantize_mx", "dequantize_mx", "backend_for"]
+
+
+# The kinds of arguments the op bodies accepted (what their checks read: values, dtypes,
+# shapes, devices) -> what the checks returned. Inductor runs an op's body at every step of a
+# compiled graph; a kind checked once is looked up.
+_ACCEPTED = {}
+_MAX_ACCEPTED = 4096  # past this many kinds, the memo starts over
+
+
+def _accepted(key, check, *arguments):
+    result = _ACCEPTED.get(key)
+    if result is None:
+        result = check(*arguments)
+        if len(_ACCEPTED) >= _MAX_ACCEPTED:
+            _ACCEPTED.clear()
+        _ACCEPTED[key] = result
+    return result
 
 
 def _validate_quantize(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim):
@@ -52,8 +70,10 @@ def quantize_mx(
     bytes; others 1 byte, int8 as torch.int8). A 0-d input is treated as a 1-element vector.
     Stochastic rounding without a seed draws one from torch's default generator.
     """
-    elem_dtype, axis = _validate_quantize(
-        data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim)
+    elem_dtype, axis = _accepted(
+        ("quantize", data_hp.dtype, data_hp.dim(), elem_dtype_name, type(block_size), block_size,
+         scale_mode, rounding, type(block_dim), block_dim),
+        _validate_quantize, data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim)
     seed = args.resolve_seed(seed, rounding)
     backend = backend_for(data_hp.device)
     if backend == "cpu":
@@ -96,9 +116,13 @@ def dequantize_mx(
     `block_dim_size` is the number of elements along block_dim; by default the data is taken to
     hold whole packing groups (only fp4 and fp6 can be ambiguous).
     """
-    elem_dtype, axis, n = check_dequantize_arguments(
-        data_lp, shared_exp_e8m0, elem_dtype_name, block_size, target_dtype, block_dim,
-        block_dim_size)
+    elem_dtype, axis, n = _accepted(
+        ("dequantize", data_lp.dtype, data_lp.shape, data_lp.device, shared_exp_e8m0.dtype,
+         shared_exp_e8m0.shape, shared_exp_e8m0.device, elem_dtype_name, type(block_size),
+         block_size, target_dtype, type(block_dim), block_dim, type(block_dim_size),
+         block_dim_size),
+        check_dequantize_arguments, data_lp, shared_exp_e8m0, elem_dtype_name, block_size,
+        target_dtype, block_dim, block_dim_size)
     backend = backend_for(data_lp.device)
     if backend == "cpu":
         return cpu_kernels.dequantize(

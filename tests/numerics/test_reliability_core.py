@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from torchmx import MXTensor, analysis, cpu_kernels, dtypes
 from torchmx.config import MXConfig
+from torchmx.kernels.quantize import backends
 from torchmx.numerics import dequantize_mx_reference, quantize_mx_reference
 from torchmx.numerics.rounding import _mix32, seed_key
 
@@ -40,9 +41,9 @@ def backend(request, monkeypatch):
     if request.param == "cpu":
         if not cpu_kernels.available():
             pytest.skip("the C kernels did not build here (no C compiler)")
-        monkeypatch.delenv("TORCHMX_BACKEND", raising=False)
+        monkeypatch.setattr(backends, "FORCE_REFERENCE", False)
     else:
-        monkeypatch.setenv("TORCHMX_BACKEND", "reference")
+        monkeypatch.setattr(backends, "FORCE_REFERENCE", True)
     return request.param
 
 
@@ -334,9 +335,9 @@ def test_seeds_with_one_key_round_identically_on_every_backend(monkeypatch):
     results = {}
     for name in ("cpu", "reference"):
         if name == "cpu":
-            monkeypatch.delenv("TORCHMX_BACKEND", raising=False)
+            monkeypatch.setattr(backends, "FORCE_REFERENCE", False)
         else:
-            monkeypatch.setenv("TORCHMX_BACKEND", "reference")
+            monkeypatch.setattr(backends, "FORCE_REFERENCE", True)
         results[name] = [torch.ops.torchmx.quantize_mx(x, "float4_e2m1", 32, rounding="stochastic",
                                                        seed=s)[1] for s in (a, b, c)]
     for name, (da, db, dc) in results.items():

@@ -16,7 +16,6 @@ An MX activation is dequantized first, except where kernels/linear/mx_gemm.py's 
 it in its main loop, is faster (`torch.ops.torchmx.mx_mx_linear`, below).
 """
 
-import os
 from typing import Optional
 
 import torch
@@ -25,6 +24,8 @@ from torch import Tensor
 from .._eager import short_path
 from .._library import custom_op
 from .. import dtypes
+from ..kernels.linear import dispatch as kernels
+from ..kernels.quantize import backends
 from ..mx_tensor import MXTensor, dequantize
 from ..numerics import arguments as args
 from ..numerics.packing import packed_length
@@ -37,16 +38,38 @@ KERNEL_DEVICES = {"cuda"}
 
 
 def _kernels_usable(device: torch.device) -> bool:
-    if os.environ.get("TORCHMX_BACKEND") == "reference" or device.type not in KERNEL_DEVICES:
+    kind = device.type
+    if kind not in KERNEL_DEVICES or backends.FORCE_REFERENCE:
         return False
-    from ..ops import backend_for
-    return device.type != "cuda" or backend_for(device) == "triton"
+    return kind != "cuda" or backends.triton_kernels() is not None
+
+
+_CHECKED = {}  # what _check_parts looks at, for the arguments it accepted -> the format
+_MAX_CHECKED = 4096  # past this many kinds of arguments, the memo starts over
 
 
 def _check_parts(input, weight_scale, weight_data, elem_dtype_name, block_size, in_features,
                  bias, out_dtype, op: str = "mx_weight_linear") -> dtypes.DType:
     """The format, after ValueError/TypeError for parts that do not describe one MX weight
-    [N, in_features] blocked along K with an input [..., in_features]."""
+    [N, in_features] blocked along K with an input [..., in_features]. The checks read only
+    the arguments' values, dtypes and shapes: a kind of arguments accepted once is looked up
+    (inductor runs the operator's body at every step of a compiled graph)."""
+    key = (op, elem_dtype_name, type(block_size), block_size, type(in_features), in_features,
+           input.dtype, input.shape[-1] if input.dim() else None, weight_scale.dtype,
+           weight_scale.shape, weight_data.dtype, weight_data.shape,
+           None if bias is None else bias.shape, out_dtype)
+    fmt = _CHECKED.get(key)
+    if fmt is None:
+        fmt = _check_parts_once(input, weight_scale, weight_data, elem_dtype_name, block_size,
+                                in_features, bias, out_dtype, op)
+        if len(_CHECKED) >= _MAX_CHECKED:
+            _CHECKED.clear()
+        _CHECKED[key] = fmt
+    return fmt
+
+
+def _check_parts_once(input, weight_scale, weight_data, elem_dtype_name, block_size,
+                      in_features, bias, out_dtype, op: str) -> dtypes.DType:
     fmt = args.check_elem_dtype(elem_dtype_name)
     args.check_block_size(block_size)
     args.check_high_precision_input(input, "input")
@@ -83,7 +106,6 @@ def mx_weight_linear(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
     fmt = _check_parts(input, weight_scale, weight_data, elem_dtype_name, block_size,
                        in_features, bias, out_dtype)
     if _kernels_usable(input.device):
-        from ..kernels.linear import dispatch as kernels
         return kernels.linear(input, weight_scale, weight_data, fmt, block_size, in_features,
                               bias, out_dtype)
     weight = torch.ops.torchmx.dequantize_mx(weight_data, weight_scale, elem_dtype_name,
@@ -174,7 +196,6 @@ def _route(a, w, k_dim: int, bias, out_dtype: torch.dtype) -> Optional[Tensor]:
         return None
     if (bias is not None and bias.dim() != 1) or a.dtype != out_dtype or w.dtype != out_dtype:
         return None
-    from ..kernels.linear import dispatch as kernels
     if not kernels.supported(w.elem_dtype, w.block_size, out_dtype):
         return None
     scale, data = w._scale_e8m0, w._data

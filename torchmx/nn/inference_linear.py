@@ -323,9 +323,11 @@ class MXInferenceLinear(nn.Module):
     def _weight_source(self) -> tuple:
         """Identifies the weight buffers' contents: in-place writes bump a tensor's version,
         assignments and moves replace the tensor."""
-        return tuple((id(t), 0 if t.is_inference() else t._version, t.data_ptr())
-                     for t in (self.weight_data, self.weight_scale))  # inference tensors have
-                                                                      # no version counter
+        buffers = self._buffers  # (not Module.__getattr__: forward asks at every call)
+        data, scale = buffers["weight_data"], buffers["weight_scale"]
+        # inference tensors have no version counter
+        return (id(data), 0 if data.is_inference() else data._version, data.data_ptr(),
+                id(scale), 0 if scale.is_inference() else scale._version, scale.data_ptr())
 
     @property
     def prepacked(self) -> bool:
@@ -355,15 +357,15 @@ class MXInferenceLinear(nn.Module):
                                                self.qconfig.activations_config, fragment)
         weight, kernel_parts = self._weight_view(x.dtype, source)
         if short_path(x, bias):
+            usable = (kernel_parts is not None  # its [1]: the weight's codes
+                      and weight_matmul._kernels_usable(kernel_parts[1].device))
             if self._fragment_layout == "stream" and fragment is not None:
                 out = self._stream_call(x, bias)
                 if out is not None:
                     return out
-                if (kernel_parts is not None
-                        and weight_matmul._kernels_usable(self.weight_data.device)):
+                if usable:
                     fragment = None  # the operator would run mx_weight_linear's kernels: below
-            if (kernel_parts is not None and fragment is None
-                    and weight_matmul._kernels_usable(self.weight_data.device)
+            if (usable and fragment is None
                     and (bias is None or bias.shape[0] == self.out_features)):
                 # what F.linear(x, weight, bias) reaches below MXTensor's dispatch, its parts
                 # (one MXTensor's) and route decided when the view was made

@@ -147,6 +147,13 @@ def test_the_ptx_pair_max_is_a_per_half_max():
     assert torch.equal(out >> 16, torch.maximum(a >> 16, b >> 16))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Each test decides its quantize launches itself (the launch plans are kept across calls),
+    so that the spies below see every decision and patched helpers take part in it."""
+    tb._PLANS.clear()
+
+
 def _count_calls(monkeypatch, name):
     calls = []
     original = getattr(tb, name)

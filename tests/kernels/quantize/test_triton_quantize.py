@@ -235,6 +235,7 @@ def test_stochastic_rounding_same_for_every_grid(fmt, monkeypatch):
     assert torch.equal(first[1], fused[0][1].cpu())
     # A 1-d launch grid (used past 65535 tile rows) gives the same bytes.
     monkeypatch.setattr(tb, "_grid", lambda b, tiles_r, tiles_c: ((b * tiles_r * tiles_c,), 1))
+    tb._PLANS.clear()  # launches decided again, with the patched grid
     check_quantize(x, fmt, 32, "floor", "stochastic", -1, seed=77)
     check_quantize(x, fmt, 32, "rceil", "stochastic", 0, seed=77)
     scale, data = check_quantize(x, fmt, 8, "even", "even", 0)
@@ -268,7 +269,7 @@ def test_fp6_rows_word_and_byte_paths(fmt):
         expected = dequantize_mx_reference(data, scale, fmt, 16, target, -1)
         assert_same(expected, tb.dequantize(shifted, scale.to(DEVICE), fmt, 16, target, 1, 80))
     with pytest.MonkeyPatch.context() as m:
-        m.setenv("TORCHMX_TRITON_FP6_CHUNKS", "0")
+        m.setitem(tb.KNOBS, "fp6_chunks", False)
         check_dequantize(scale, data, fmt, 16, torch.bfloat16, -1, 80)
     # Data at an odd address takes the byte path.
     x = wide_range_input((2, 40), torch.bfloat16, seed=40)
@@ -415,10 +416,10 @@ def test_bit_arithmetic_path_equals_hardware_fp8(monkeypatch):
     x = _every_value(torch.bfloat16)
     for fmt in (dtypes.float8_e4m3, dtypes.float8_e5m2):
         for scale_mode in SCALE_MODES:
-            monkeypatch.setenv("TORCHMX_TRITON_HW_FP8", "0")
+            monkeypatch.setitem(tb.KNOBS, "hw_fp8", False)
             scale, data = check_quantize(x, fmt, 32, scale_mode, "even", -1)
             check_dequantize(scale, data, fmt, 32, torch.float32, -1, 32)
-            monkeypatch.setenv("TORCHMX_TRITON_HW_FP8", "1")
+            monkeypatch.setitem(tb.KNOBS, "hw_fp8", True)
             check_quantize(x, fmt, 32, scale_mode, "even", 0)
 
 

@@ -13,6 +13,13 @@ Dispatch: the input is seen as a strided 3-d view [B, R, C] (no copy when the st
 blocks along the innermost dim use the "rows" kernel, blocks along any other dim the "cols"
 kernel, which reads that dim with a stride (no transpose pass). Block sizes that split a packed
 fp4/fp6 group are quantized to one code per byte and packed by a second small pass.
+
+Plans: what `quantize` and `dequantize` launch is a pure function of the input's shape, strides,
+dtype, 16-byte alignment and device and of the format options, so it is decided once per such
+key (`QuantizePlan`, `DequantizePlan`, cached in `_PLANS`) and a later call allocates the
+outputs and launches the kernels through kernels/_launch.Launch with the new tensors. The
+decisions read TUNING and KNOBS: writing an entry of either drops every plan. Stochastic
+rounding (its seed is a kernel argument) is planned afresh at every call.
 """
 
 import fractions
@@ -29,19 +36,47 @@ from ...numerics.packing import packed_length
 from ...numerics.modes import ROUNDING_BY_NAME, SCALE_MODE_BY_NAME
 from ...numerics.rounding import seed_key
 from .._common import decode_constants, device_capability, interpreting
-from .._launch import launch
+from .._launch import Launch, launch
 
-__all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "fake_quantize_rows",
-           "fake_quantize_supported", "dequantize_rows", "dequantize_rows_supported", "TUNING"]
+__all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "QuantizePlan",
+           "DequantizePlan", "fake_quantize_rows", "fake_quantize_supported", "dequantize_rows",
+           "dequantize_rows_supported", "TUNING", "KNOBS"]
 
 # The kernels' SCALE_MODE / ROUNDING constexprs, by the names users pass (plain ints: what
 # Triton keys its specializations by).
 _SCALE_MODE = {name: int(mode) for name, mode in SCALE_MODE_BY_NAME.items()}
 _ROUNDING = {name: int(rounding) for name, rounding in ROUNDING_BY_NAME.items()}
 
+_PLANS: Dict[tuple, object] = {}  # the plans of quantize / dequantize, by what they depend on
+_MAX_PLANS = 4096  # past this many (inputs of ever new shapes), the cache starts over
+
+
+class _Settings(dict):
+    """A settings table whose every write (an entry set or deleted) drops the cached plans,
+    which were decided under the old values; entries are replaced, not edited in place."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        _PLANS.clear()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        _PLANS.clear()
+
+
+# Switches of the kernels' variants, read from the environment once, at import:
+# TORCHMX_TRITON_HW_FP8=0 (the bit arithmetic instead of the hardware fp8 conversions),
+# TORCHMX_TRITON_THREAD_ROWS=0 (no one-block-per-thread rows kernel), TORCHMX_TRITON_FP6_CHUNKS=0
+# (no 8-codes-per-thread fp6 dequantize). Tests and benchmarks set entries of KNOBS instead.
+KNOBS: Dict[str, bool] = _Settings(
+    hw_fp8=os.environ.get("TORCHMX_TRITON_HW_FP8", "1") != "0",
+    thread_rows=os.environ.get("TORCHMX_TRITON_THREAD_ROWS", "1") != "0",
+    fp6_chunks=os.environ.get("TORCHMX_TRITON_FP6_CHUNKS", "1") != "0",
+)
+
 # Tile shapes, by kernel (see _rows_tile, _cols_tile, quantize_rowwise_colwise and
 # docs/kernels.md); benchmarks/bench_gpu_quantize.py --sweep times alternatives.
-TUNING: Dict[str, Dict[str, int]] = {
+TUNING: Dict[str, Dict[str, int]] = _Settings({
     "quantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
     "quantize_rows_thread": {"blocks": 128, "row_blocks": 32, "num_warps": 4},
     # quantize_rows_thread's tile for bf16 / fp16 inputs of fp4 / fp6 with round half to even
@@ -58,7 +93,7 @@ TUNING: Dict[str, Dict[str, int]] = {
     "dequantize_rows": {"elements": 4096, "columns": 128, "num_warps": 4},
     "dequantize_fp6_rows": {"chunks": 256, "row_chunks": 128, "num_warps": 4},
     "dequantize_cols": {"elements": 8192, "columns": 256, "num_warps": 4},
-}
+})
 _DEFAULT_TUNING = {kind: dict(cfg) for kind, cfg in TUNING.items()}
 # Triton's interpreter (CPU tests) pays per program, not per element: large tiles there.
 _INTERPRETER_TUNING: Dict[str, Dict[str, int]] = {
@@ -154,7 +189,7 @@ def _hw_fp8(fmt: dtypes.DType, device: torch.device, rounding: str = "even") -> 
     saturation: exactly encode() with rounding="even") can stand in for the bit arithmetic."""
     if device.type != "cuda" or interpreting() or rounding != "even":
         return 0
-    if os.environ.get("TORCHMX_TRITON_HW_FP8", "1") == "0":
+    if not KNOBS["hw_fp8"]:
         return 0
     if device_capability(device) < (8, 9):
         return 0
@@ -231,7 +266,7 @@ def _thread_rows(elem_size: int, block_size: int, n: int, cpg: int, unit_stride:
     sectors per load) is faster on an H100 (docs/kernels.md). For fp6 it is the other way
     round."""
     cw = 16 // elem_size
-    if os.environ.get("TORCHMX_TRITON_THREAD_ROWS", "1") == "0" or not unit_stride:
+    if not KNOBS["thread_rows"] or not unit_stride:
         return None
     if block_size not in (8, 16, 32, 64) or block_size % cw or n % block_size:
         return None
@@ -287,7 +322,7 @@ def _fp6_words(cpg: int, block_size: int, n: int, data: Optional[torch.Tensor] =
 def _fp6_chunks(cpg: int, block_size: int, n: int, data: torch.Tensor) -> bool:
     """Whether fp6 rows dequantize 8 codes (6 bytes, three 16-bit loads) per thread: blocks
     and rows of whole 8-code chunks and 2-byte aligned data."""
-    if os.environ.get("TORCHMX_TRITON_FP6_CHUNKS", "1") == "0":
+    if not KNOBS["fp6_chunks"]:
         return False
     return cpg == 4 and block_size % 8 == 0 and n % 8 == 0 and data.data_ptr() % 2 == 0
 
@@ -297,8 +332,49 @@ def _signed32(key: int) -> int:
     return key - (1 << 32) if key >= (1 << 31) else key
 
 
-def _launch_quantize(x3, view, strides, scale, data, fmt, block_size, scale_mode, rounding,
-                     key, cpg, blocks_on_c: bool, hw_fp8: int):
+class _Ref:
+    """A tensor argument of a planned launch that each call supplies: the call's tensor named
+    `base` ("x", "scale", "target", "data", "codes", "out"), seen through as_strided(*strided)
+    and view(dtype) where given."""
+
+    __slots__ = ("base", "strided", "dtype")
+
+    def __init__(self, base: str, strided=None, dtype: Optional[torch.dtype] = None):
+        self.base, self.strided, self.dtype = base, strided, dtype
+
+    def resolve(self, tensors: Dict[str, torch.Tensor]) -> torch.Tensor:
+        t = tensors[self.base]
+        if self.strided is not None:
+            t = t.as_strided(*self.strided)
+        return t if self.dtype is None else t.view(self.dtype)
+
+
+class _Launches:
+    """The kernel launches of one plan: `add` records kernel[grid](*args, **kwargs) with _Ref
+    placeholders for the call's tensors; `run(tensors)` launches each through a Launch."""
+
+    __slots__ = ("launches",)
+
+    def __init__(self):
+        self.launches = []
+
+    def add(self, kernel, grid, *args, **kwargs) -> None:
+        slots = [i for i, a in enumerate(args) if isinstance(a, _Ref)]
+        fixed = [None if isinstance(a, _Ref) else a for a in args]
+        self.launches.append((Launch(kernel, grid, fixed, kwargs, slots),
+                              [args[i] for i in slots]))
+
+    def run(self, tensors: Dict[str, torch.Tensor]) -> None:
+        for launch_, refs in self.launches:
+            launch_(*[ref.resolve(tensors) for ref in refs])
+
+
+_X, _SCALE, _TARGET = _Ref("x"), _Ref("scale"), _Ref("target")
+
+
+def _launch_quantize(launches: _Launches, x3, view, strides, scale, data, fmt, block_size,
+                     scale_mode, rounding, key, cpg, blocks_on_c: bool, hw_fp8: int):
+    """Records the quantize kernel for x3 (as _X), scale (_SCALE) and the codes (_TARGET)."""
     tq, _, _ = _kernels()
     B, R, C = view
     block_p = _next_pow2(block_size)
@@ -313,14 +389,15 @@ def _launch_quantize(x3, view, strides, scale, data, fmt, block_size, scale_mode
                       strides[2] == 1 or C == 1) if blocks_on_c else None
     if cw is not None and cpg == fmt.codes_per_group \
             and _pairs_apply(x3, view, strides, fmt, rounding, "quantize_rows_pairs"):
-        _quantize_rows_pairs(x3, view, strides, scale, data, fmt, block_size, scale_mode)
+        _quantize_rows_pairs(launches, x3, view, strides, scale, data, fmt, block_size,
+                             scale_mode)
     elif cw is not None:
         common.pop("BLOCK_P")
         tile_r, tile_nb, warps = _thread_rows_tile("quantize_rows_thread", blocks, B * R)
         tiles_r, tiles_c = _cdiv(R, tile_r), _cdiv(blocks, tile_nb)
         grid, grid_kind = _grid(B, tiles_r, tiles_c)
-        launch(tq.quantize_rows_thread_kernel, grid,
-            x3, scale, data, R, C, strides[0], strides[1], tiles_r, tiles_c, blocks,
+        launches.add(tq.quantize_rows_thread_kernel, grid,
+            _X, _SCALE, _TARGET, R, C, strides[0], strides[1], tiles_r, tiles_c, blocks,
             groups * (3 if cpg == 4 else 1), _signed32(key), CW=cw, TILE_R=tile_r,
             TILE_NB=tile_nb, GRID=grid_kind, num_warps=warps, **common)
     elif blocks_on_c:
@@ -328,27 +405,29 @@ def _launch_quantize(x3, view, strides, scale, data, fmt, block_size, scale_mode
         tile_r, tile_nb, warps = _rows_tile("quantize_rows", block_p, blocks, B * R)
         tiles_r, tiles_c = _cdiv(R, tile_r), _cdiv(blocks, tile_nb)
         grid, grid_kind = _grid(B, tiles_r, tiles_c)
-        launch(tq.quantize_rows_kernel, grid,
-            x3, scale, data, R, C, *strides, tiles_r, tiles_c, blocks, groups, _signed32(key),
+        launches.add(tq.quantize_rows_kernel, grid,
+            _X, _SCALE, _TARGET, R, C, *strides, tiles_r, tiles_c, blocks, groups, _signed32(key),
             TILE_R=tile_r, TILE_NB=tile_nb, GRID=grid_kind, num_warps=warps, **common)
     else:
         tile_nb, tile_c, vec, warps = _cols_tile("quantize_cols", block_p, blocks, C)
         tiles_r, tiles_c = _cdiv(blocks, tile_nb), _cdiv(C, tile_c)
         grid, grid_kind = _grid(B, tiles_r, tiles_c)
-        launch(tq.quantize_cols_kernel, grid,
-            x3, scale, data, R, C, *strides, tiles_r, tiles_c, blocks, groups, _signed32(key),
+        launches.add(tq.quantize_cols_kernel, grid,
+            _X, _SCALE, _TARGET, R, C, *strides, tiles_r, tiles_c, blocks, groups, _signed32(key),
             TILE_NB=tile_nb, TILE_C=tile_c, VEC=vec, GRID=grid_kind, num_warps=warps, **common)
 
 
-def _pack(codes: torch.Tensor, out: torch.Tensor, fmt: dtypes.DType, outer: int, n: int,
+def _pack(launches: _Launches, codes: _Ref, out: _Ref, fmt: dtypes.DType, outer: int, n: int,
           inner: int, unpack: bool = False) -> None:
+    """Records the pass that packs one-byte codes into `out` (or unpacks, `unpack`)."""
     _, _, tp = _kernels()
     groups = _cdiv(n, fmt.codes_per_group)
     total = outer * groups * inner
     tile = 1024
     kernel = tp.unpack_kernel if unpack else tp.pack_kernel
-    launch(kernel, (_cdiv(total, tile),), codes, out, n, inner, groups, total, BITS=fmt.bits,
-           CPG=fmt.codes_per_group, BPG=fmt.bytes_per_group, TILE=tile, num_warps=4)
+    launches.add(kernel, (_cdiv(total, tile),), codes, out, n, inner, groups, total,
+                 BITS=fmt.bits, CPG=fmt.codes_per_group, BPG=fmt.bytes_per_group, TILE=tile,
+                 num_warps=4)
 
 
 def _output_shapes(shape, axis, n, block_size, fmt):
@@ -361,92 +440,173 @@ def _output_shapes(shape, axis, n, block_size, fmt):
 def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, scale_mode: str,
              rounding: str, axis: int, seed: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Same contract as numerics.quantize_mx_reference, for validated arguments."""
-    fmt = elem_dtype
     x = data_hp.reshape(1) if data_hp.dim() == 0 else data_hp
-    shape = list(x.shape)
-    n = shape[axis]
-    scale_shape, data_shape = _output_shapes(shape, axis, n, block_size, fmt)
-    scale = torch.empty(scale_shape, dtype=torch.uint8, device=x.device)
-    data = torch.empty(data_shape, dtype=fmt.storage_dtype, device=x.device)
-    if x.numel() == 0:
+    if rounding == "stochastic":  # the seed is a kernel argument: no plan to keep
+        return QuantizePlan(x, elem_dtype, block_size, scale_mode, rounding, axis, seed)(x)
+    key = ("quantize", x.shape, x.stride(), x.dtype, x.data_ptr() & 15, x.device, elem_dtype,
+           block_size, scale_mode, rounding, axis)  # what QuantizePlan decides by
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = QuantizePlan(x, elem_dtype, block_size, scale_mode, rounding, axis,
+                                          None)
+    return plan(x)
+
+
+class QuantizePlan:
+    """quantize's launches for inputs like `x` (same shape, strides, dtype, 16-byte alignment
+    and device) and these options, decided once: a call allocates the outputs (and the
+    one-byte codes where a second pass packs them) and launches."""
+
+    def __init__(self, x: torch.Tensor, fmt: dtypes.DType, block_size: int, scale_mode: str,
+                 rounding: str, axis: int, seed: Optional[int]):
+        shape = list(x.shape)
+        n = shape[axis]
+        self.scale_shape, self.data_shape = _output_shapes(shape, axis, n, block_size, fmt)
+        self.storage, self.shape = fmt.storage_dtype, shape
+        self.reference = None  # the options of the reference numerics, where it runs instead
+        self.launches = None  # no kernel for an empty input
+        if x.numel() == 0:
+            return
+        if _next_pow2(block_size) > _MAX_BLOCK_P:
+            self.reference = (fmt, block_size, scale_mode, rounding, axis, seed)
+            return
+        key = seed_key(seed or 0) if rounding == "stochastic" else 0
+        cpg = fmt.codes_per_group
+        self.direct = block_size % cpg == 0
+        inner = math.prod(shape[axis + 1:])
+        hw_fp8 = _hw_fp8(fmt, x.device, rounding)
+        if inner == 1:
+            x3, view, strides = _view_rows(x, axis)
+        else:
+            x3, view, strides = _view_cols(x, axis)
+        self.copy = x3 is not x  # the strides needed a contiguous copy
+        scale, data = self._outputs(x)
+        target = self._target(x, data)
+        self.launches = _Launches()
+        _launch_quantize(self.launches, x3, view, strides, scale, target, fmt, block_size,
+                         scale_mode, rounding, key, cpg if self.direct else 1, inner == 1, hw_fp8)
+        if not self.direct:
+            _pack(self.launches, _TARGET, _Ref("data"), fmt, math.prod(shape[:axis]), n, inner)
+
+    def _outputs(self, x: torch.Tensor):
+        return (torch.empty(self.scale_shape, dtype=torch.uint8, device=x.device),
+                torch.empty(self.data_shape, dtype=self.storage, device=x.device))
+
+    def _target(self, x: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
+        """Where the first pass writes its codes: the output, or one byte per code to pack."""
+        if self.direct:
+            return data.view(torch.uint8)
+        return torch.empty(self.shape, dtype=torch.uint8, device=x.device)
+
+    def __call__(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.reference is not None:
+            from ...numerics.reference import quantize_mx_reference
+            fmt, block_size, scale_mode, rounding, axis, seed = self.reference
+            return quantize_mx_reference(x, fmt, block_size, scale_mode=scale_mode,
+                                         rounding=rounding, block_dim=axis, seed=seed)
+        scale, data = self._outputs(x)
+        if self.launches is not None:
+            self.launches.run({"x": x.contiguous() if self.copy else x, "scale": scale,
+                               "target": self._target(x, data), "data": data})
         return scale, data
-    if _next_pow2(block_size) > _MAX_BLOCK_P:
-        from ...numerics.reference import quantize_mx_reference
-        return quantize_mx_reference(data_hp, fmt, block_size, scale_mode=scale_mode,
-                                     rounding=rounding, block_dim=axis, seed=seed)
-    key = seed_key(seed or 0) if rounding == "stochastic" else 0
-    cpg = fmt.codes_per_group
-    direct = block_size % cpg == 0
-    inner = math.prod(shape[axis + 1:])
-    target = data.view(torch.uint8) if direct else torch.empty(shape, dtype=torch.uint8,
-                                                                device=x.device)
-    hw_fp8 = _hw_fp8(fmt, x.device, rounding)
-    if inner == 1:
-        x3, view, strides = _view_rows(x, axis)
-    else:
-        x3, view, strides = _view_cols(x, axis)
-    _launch_quantize(x3, view, strides, scale, target, fmt, block_size, scale_mode, rounding,
-                     key, cpg if direct else 1, inner == 1, hw_fp8)
-    if not direct:
-        _pack(target, data, fmt, math.prod(shape[:axis]), n, inner)
-    return scale, data
 
 
 def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes.DType,
                block_size: int, target_dtype: torch.dtype, axis: int, n: int) -> torch.Tensor:
     """Same contract as numerics.dequantize_mx_reference, for validated arguments."""
-    fmt = elem_dtype
-    data = data_lp.contiguous().view(torch.uint8)
-    scale = scale_u8.contiguous()
-    shape = list(data.shape)
-    shape[axis] = n
-    out = torch.empty(shape, dtype=target_dtype, device=data.device)
-    if out.numel() == 0:
+    key = ("dequantize", data_lp.shape, data_lp.stride(), data_lp.dtype, data_lp.data_ptr() & 15,
+           scale_u8.shape, scale_u8.stride(), scale_u8.data_ptr() & 15, data_lp.device,
+           elem_dtype, block_size, target_dtype, axis, n)  # what DequantizePlan decides by
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = DequantizePlan(data_lp, scale_u8, elem_dtype, block_size,
+                                            target_dtype, axis, n)
+    return plan(data_lp, scale_u8)
+
+
+class DequantizePlan:
+    """dequantize's launches for data and scales like these (same shapes, strides, dtypes,
+    16-byte alignments and device) and these options, decided once: a call allocates the output
+    (and the one-byte codes where a first pass unpacks them) and launches."""
+
+    def __init__(self, data_lp: torch.Tensor, scale_u8: torch.Tensor, fmt: dtypes.DType,
+                 block_size: int, target_dtype: torch.dtype, axis: int, n: int):
+        data = data_lp.contiguous().view(torch.uint8)
+        scale = scale_u8.contiguous()
+        shape = list(data.shape)
+        shape[axis] = n
+        self.shape, self.dtype = shape, target_dtype
+        self.reference = None  # the options of the reference numerics, where it runs instead
+        self.launches = None  # no kernel for an empty output
+        self.unpack = False
+        if math.prod(shape) == 0:
+            return
+        if _next_pow2(block_size) > _MAX_BLOCK_P:
+            self.reference = (fmt, block_size, target_dtype, axis, n)
+            return
+        td = _kernels()[1]
+        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        cpg = fmt.codes_per_group
+        launches = self.launches = _Launches()
+        source = _Ref("data")
+        if block_size % cpg:
+            self.unpack = True
+            _pack(launches, source, _Ref("codes"), fmt, outer, n, inner, unpack=True)
+            source, cpg = _Ref("codes"), 1  # one byte per code, `shape` of them
+        out = _Ref("out")
+        block_p = _next_pow2(block_size)
+        blocks, groups = _cdiv(n, block_size), _cdiv(n, cpg)
+        i64 = _needs_i64(math.prod(shape), math.prod(shape) if self.unpack else data.numel(),
+                         scale.numel())
+        common = dict(BLOCK=block_size, BLOCK_P=block_p, I64=i64, CPG=cpg,
+                      HW_FP8=_hw_fp8(fmt, data.device), SOFT_BF16=interpreting(),
+                      **decode_constants(fmt))
+        if inner == 1 and _fp6_chunks(cpg, block_size, n, data):
+            cfg = _tuning("dequantize_fp6_rows")
+            tile_ch = max(1, min(_next_pow2(n // 8), cfg["row_chunks"]))
+            tile_r = max(1, min(_next_pow2(outer), cfg["chunks"] // tile_ch))
+            tiles_r, tiles_c = _cdiv(outer, tile_r), _cdiv(n // 8, tile_ch)
+            grid, grid_kind = _grid(1, tiles_r, tiles_c)
+            constants = {k: v for k, v in decode_constants(fmt).items() if k != "BIAS"}
+            launches.add(td.dequantize_fp6_rows_kernel, grid,
+                source, _SCALE, out, outer, n, tiles_r, tiles_c, blocks, n // 8 * 6,
+                BLOCK=block_size, TILE_R=tile_r, TILE_CH=tile_ch, I64=i64, GRID=grid_kind,
+                SOFT_BF16=interpreting(), num_warps=cfg["num_warps"], **constants)
+        elif inner == 1:
+            common["WORDS"] = _fp6_words(cpg, block_size, n, data)
+            tile_r, tile_nb, warps = _rows_tile("dequantize_rows", block_p, blocks, outer)
+            tiles_r, tiles_c = _cdiv(outer, tile_r), _cdiv(blocks, tile_nb)
+            grid, grid_kind = _grid(1, tiles_r, tiles_c)
+            launches.add(td.dequantize_rows_kernel, grid,
+                source, _SCALE, out, outer, n, tiles_r, tiles_c, blocks, groups,
+                TILE_R=tile_r, TILE_NB=tile_nb, GRID=grid_kind, num_warps=warps, **common)
+        else:
+            tile_nb, tile_c, _, warps = _cols_tile("dequantize_cols", block_p, blocks, inner)
+            tiles_r, tiles_c = _cdiv(blocks, tile_nb), _cdiv(inner, tile_c)
+            grid, grid_kind = _grid(outer, tiles_r, tiles_c)
+            launches.add(td.dequantize_cols_kernel, grid,
+                source, _SCALE, out, n, inner, tiles_r, tiles_c, blocks, groups,
+                TILE_NB=tile_nb, TILE_C=tile_c, GRID=grid_kind, num_warps=warps, **common)
+
+    def __call__(self, data_lp: torch.Tensor, scale_u8: torch.Tensor) -> torch.Tensor:
+        if self.reference is not None:
+            from ...numerics.reference import dequantize_mx_reference
+            fmt, block_size, target_dtype, axis, n = self.reference
+            return dequantize_mx_reference(data_lp, scale_u8, fmt, block_size, target_dtype,
+                                           axis, block_dim_size=n)
+        device = data_lp.device
+        out = torch.empty(self.shape, dtype=self.dtype, device=device)
+        if self.launches is not None:
+            tensors = {"data": data_lp.contiguous().view(torch.uint8),
+                       "scale": scale_u8.contiguous(), "out": out}
+            if self.unpack:
+                tensors["codes"] = torch.empty(self.shape, dtype=torch.uint8, device=device)
+            self.launches.run(tensors)
         return out
-    if _next_pow2(block_size) > _MAX_BLOCK_P:
-        from ...numerics.reference import dequantize_mx_reference
-        return dequantize_mx_reference(data_lp, scale_u8, fmt, block_size, target_dtype, axis,
-                                       block_dim_size=n)
-    td = _kernels()[1]
-    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
-    cpg = fmt.codes_per_group
-    if block_size % cpg:
-        codes = torch.empty(shape, dtype=torch.uint8, device=data.device)
-        _pack(data, codes, fmt, outer, n, inner, unpack=True)
-        data, cpg = codes, 1
-    block_p = _next_pow2(block_size)
-    blocks, groups = _cdiv(n, block_size), _cdiv(n, cpg)
-    i64 = _needs_i64(out.numel(), data.numel(), scale.numel())
-    common = dict(BLOCK=block_size, BLOCK_P=block_p, I64=i64, CPG=cpg,
-                  HW_FP8=_hw_fp8(fmt, data.device), SOFT_BF16=interpreting(),
-                  **decode_constants(fmt))
-    if inner == 1 and _fp6_chunks(cpg, block_size, n, data):
-        cfg = _tuning("dequantize_fp6_rows")
-        tile_ch = max(1, min(_next_pow2(n // 8), cfg["row_chunks"]))
-        tile_r = max(1, min(_next_pow2(outer), cfg["chunks"] // tile_ch))
-        tiles_r, tiles_c = _cdiv(outer, tile_r), _cdiv(n // 8, tile_ch)
-        grid, grid_kind = _grid(1, tiles_r, tiles_c)
-        constants = {k: v for k, v in decode_constants(fmt).items() if k != "BIAS"}
-        launch(td.dequantize_fp6_rows_kernel, grid,
-            data, scale, out, outer, n, tiles_r, tiles_c, blocks, n // 8 * 6, BLOCK=block_size,
-            TILE_R=tile_r, TILE_CH=tile_ch, I64=i64, GRID=grid_kind, SOFT_BF16=interpreting(),
-            num_warps=cfg["num_warps"], **constants)
-    elif inner == 1:
-        common["WORDS"] = _fp6_words(cpg, block_size, n, data)
-        tile_r, tile_nb, warps = _rows_tile("dequantize_rows", block_p, blocks, outer)
-        tiles_r, tiles_c = _cdiv(outer, tile_r), _cdiv(blocks, tile_nb)
-        grid, grid_kind = _grid(1, tiles_r, tiles_c)
-        launch(td.dequantize_rows_kernel, grid,
-            data, scale, out, outer, n, tiles_r, tiles_c, blocks, groups,
-            TILE_R=tile_r, TILE_NB=tile_nb, GRID=grid_kind, num_warps=warps, **common)
-    else:
-        tile_nb, tile_c, _, warps = _cols_tile("dequantize_cols", block_p, blocks, inner)
-        tiles_r, tiles_c = _cdiv(blocks, tile_nb), _cdiv(inner, tile_c)
-        grid, grid_kind = _grid(outer, tiles_r, tiles_c)
-        launch(td.dequantize_cols_kernel, grid,
-            data, scale, out, n, inner, tiles_r, tiles_c, blocks, groups,
-            TILE_NB=tile_nb, TILE_C=tile_c, GRID=grid_kind, num_warps=warps, **common)
-    return out
 
 
 def fused_supported(fmt: dtypes.DType, block_size: int) -> bool:
@@ -534,13 +694,14 @@ def _pairs_apply(x3: torch.Tensor, shape, strides, fmt: dtypes.DType, rounding: 
 
 
 def _pair_launch(x3, shape, strides, fmt: dtypes.DType, block_size: int, scale_mode: str):
-    """(x as int32 words, its strides in words, the constexprs both pair kernels take)."""
+    """(x as int32 words (a _Ref to "x"), their strides in words, the constexprs both pair
+    kernels take)."""
     pairs = _pair_kernels()
     ptx = not interpreting()
     consts = _format_constants(fmt)
     f16 = x3.dtype == torch.float16
     cap = _half_float_bits(float(fmt.max), x3.dtype)
-    words = x3.as_strided(shape, strides).view(torch.int32)
+    words = _Ref("x", (tuple(shape), tuple(strides)), torch.int32)
     return words, (strides[0] // 2, strides[1] // 2), dict(
         ENCODE=pairs.encode_pairs_ptx(fmt, pairs.F16 if f16 else pairs.BF16) if ptx else "",
         PTX=ptx, F16=f16, BLOCK=block_size, CPG=fmt.codes_per_group, CAP=cap,
@@ -549,7 +710,8 @@ def _pair_launch(x3, shape, strides, fmt: dtypes.DType, block_size: int, scale_m
         RCEIL_FRAC=consts["RCEIL_FRAC"], RCEIL_ZERO=consts["RCEIL_ZERO"])
 
 
-def _quantize_rows_pairs(x3, shape, strides, scale, data, fmt, block_size, scale_mode):
+def _quantize_rows_pairs(launches: _Launches, x3, shape, strides, scale, data, fmt,
+                         block_size, scale_mode):
     B, R, C = shape
     blocks = C // block_size
     tile_r, tile_nb, warps = _thread_rows_tile("quantize_rows_pairs", blocks, B * R)
@@ -557,8 +719,8 @@ def _quantize_rows_pairs(x3, shape, strides, scale, data, fmt, block_size, scale
     grid, grid_kind = _grid(B, tiles_r, tiles_c)
     words, (stride_b, stride_r), consts = _pair_launch(x3, shape, strides, fmt, block_size,
                                                       scale_mode)
-    launch(_pair_kernels().quantize_rows_pairs_kernel, grid,
-        words, scale, data, R, stride_b, stride_r, tiles_r, tiles_c, blocks,
+    launches.add(_pair_kernels().quantize_rows_pairs_kernel, grid,
+        words, _SCALE, _TARGET, R, stride_b, stride_r, tiles_r, tiles_c, blocks,
         packed_length(C, fmt), TILE_R=tile_r, TILE_NB=tile_nb,
         I64=_needs_i64(_span(x3), x3.numel(), data.numel(), scale.numel()), GRID=grid_kind,
         num_warps=warps, **consts)
@@ -577,7 +739,7 @@ def _quantize_fused_pairs(x3, shape, strides, fmt, block_size, scale_mode, scale
     words, (stride_b, stride_r), consts = _pair_launch(x3, shape, strides, fmt, block_size,
                                                       scale_mode)
     launch(_pair_kernels().quantize_fused_pairs_kernel, grid,
-        words, scale_r, data_r.view(torch.uint8), scale_c.view(torch.int16),
+        words.resolve({"x": x3}), scale_r, data_r.view(torch.uint8), scale_c.view(torch.int16),
         data_c.view(torch.uint8).view(torch.int16), R, C // 2, stride_b, stride_r,
         tiles_r, tiles_c, blocks_r, blocks_c, _cdiv(R, cpg), packed_length(C, fmt),
         TILE_NBR=nbr, TILE_NBC=nbc, VEC=min(cfg["vec"], block_size // 2),
