@@ -263,14 +263,23 @@ def load_f32(ptrs, mask):
 
 @triton.jit
 def to_output(value, out_dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
-    """One rounding of fp32 to the output dtype. SOFT_BF16 rounds to bf16 in bit arithmetic
-    (round half to even, subnormals kept), for Triton's interpreter, whose own fp32 -> bf16
-    conversion truncates; the GPU's cvt.rn.bf16.f32 gives the same bits."""
-    if SOFT_BF16 and out_dtype == tl.bfloat16:
+    """One rounding of fp32 to the output dtype, every NaN written as the positive quiet NaN
+    of out_dtype (numerics/reference.CANONICAL_NAN_BITS: the GPU's cvt of a NaN gives 0x7FFF,
+    and a NaN's sign and payload depend on how it arose). SOFT_BF16 rounds to bf16 in bit
+    arithmetic (round half to even, subnormals kept), for Triton's interpreter, whose own
+    fp32 -> bf16 conversion truncates; the GPU's cvt.rn.bf16.f32 gives the same bits."""
+    if out_dtype == tl.float32:
+        bits = value.to(tl.int32, bitcast=True)
+        return tl.where(value != value, 0x7FC00000, bits).to(tl.float32, bitcast=True)
+    elif SOFT_BF16 and out_dtype == tl.bfloat16:
         bits = value.to(tl.int32, bitcast=True)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-        rounded = tl.where(is_nan, (bits >> 16) | 0x40, rounded)
+        rounded = tl.where(value != value, 0x7FC0, rounded)
         return rounded.to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
-        return value.to(out_dtype)
+        bits = value.to(out_dtype).to(tl.int16, bitcast=True).to(tl.int32)
+        if out_dtype == tl.bfloat16:
+            bits = tl.where(value != value, 0x7FC0, bits)
+        else:
+            bits = tl.where(value != value, 0x7E00, bits)
+        return bits.to(tl.int16).to(out_dtype, bitcast=True)
