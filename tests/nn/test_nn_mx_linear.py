@@ -180,3 +180,18 @@ def test_constructor_like_nn_linear():
 def test_errors(make, error, words):
     with pytest.raises(error, match=words):
         make()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1", "float6_e3m2", "int8"])
+def test_gathered_mx_weight_dequantizes_like_the_operator_on_cuda(fmt):
+    """An MXTensor weight (FSDP2's MX all-gather) takes the Triton backend's planned dequantize
+    in MXLinear's forward: the operator's bits, also on a second call (the plan reused)."""
+    from torchmx.nn.mx_linear import _dequantized
+    w = torch.randn(96, 160, device="cuda").bfloat16()
+    w[3, 7] = float("nan")
+    mx = MXTensor.to_mx(w, fmt)
+    expected = mx.dequantize().view(torch.int16)
+    for _ in range(2):
+        assert torch.equal(_dequantized(mx).view(torch.int16), expected)

@@ -87,14 +87,13 @@ def _quantized_weight(weight, qconfig):
 
 def _dequantized(weight: MXTensor) -> torch.Tensor:
     """weight.dequantize(); in eager mode on CUDA, a gathered weight's rows (blocks along
-    in_features) through a launch decided once per shape: every forward and backward runs it."""
+    in_features) straight through the Triton backend's planned dequantize: every forward and
+    backward runs it, and the operator layer's checks would repeat what the gather made sure of."""
     data, scale = weight._data, weight._scale_e8m0
-    if data.is_cuda and weight._block_dim == 1 and short_path() \
+    if data.is_cuda and data.dim() == 2 and weight._block_dim == 1 and short_path() \
             and backend_for(data.device) == "triton":
-        kernels = triton_kernels()
-        if kernels.dequantize_rows_supported(data, scale, weight._elem_dtype, weight._block_size):
-            return kernels.dequantize_rows(data, scale, weight._elem_dtype, weight._block_size,
-                                           weight.dtype, weight.shape[1])
+        return triton_kernels().dequantize(data, scale, weight._elem_dtype, weight._block_size,
+                                           weight.dtype, 1, weight.shape[1])
     return weight.dequantize()
 
 

@@ -39,8 +39,7 @@ from .._common import decode_constants, device_capability, interpreting
 from .._launch import Launch, launch
 
 __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "QuantizePlan",
-           "DequantizePlan", "fake_quantize_rows", "fake_quantize_supported", "dequantize_rows",
-           "dequantize_rows_supported", "TUNING", "KNOBS"]
+           "DequantizePlan", "fake_quantize_rows", "fake_quantize_supported", "TUNING", "KNOBS"]
 
 # The kernels' SCALE_MODE / ROUNDING constexprs, by the names users pass (plain ints: what
 # Triton keys its specializations by).
@@ -750,9 +749,6 @@ def _quantize_fused_pairs(x3, shape, strides, fmt, block_size, scale_mode, scale
 
 # ------------------------------------------------------------------ fake quantize (QAT forward)
 
-_FAKE_QUANTIZE_PLANS: Dict[tuple, object] = {}
-
-
 def fake_quantize_supported(x: torch.Tensor, block_size: int, rounding: str) -> bool:
     """Whether `fake_quantize_rows` takes x: contiguous, blocks along the last dim, any
     rounding but stochastic."""
@@ -766,12 +762,13 @@ def fake_quantize_rows(x: torch.Tensor, elem_dtype: dtypes.DType, block_size: in
     one kernel (fake_quantize_rows_kernel) whose launch is decided once per shape, dtype,
     device, alignment and options (a later call allocates the output and launches). For
     arguments validated by the caller and `fake_quantize_supported`."""
-    key = (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, elem_dtype, block_size,
-           scale_mode, rounding)
-    plan = _FAKE_QUANTIZE_PLANS.get(key)
+    key = ("fake_quantize", x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, elem_dtype,
+           block_size, scale_mode, rounding)
+    plan = _PLANS.get(key)
     if plan is None:
-        plan = _FAKE_QUANTIZE_PLANS[key] = _fake_quantize_plan(x, elem_dtype, block_size,
-                                                               scale_mode, rounding)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = _fake_quantize_plan(x, elem_dtype, block_size, scale_mode, rounding)
     out = torch.empty_like(x)
     if out.numel():
         plan(x, out)
@@ -800,52 +797,3 @@ def _fake_quantize_plan(x, fmt, block_size, scale_mode, rounding):
              BIAS=decode["BIAS"], HAS_INF=decode["HAS_INF"], HAS_NAN=decode["HAS_NAN"],
              LSB=decode["LSB"], TO_VALUE=decode["TO_VALUE"]),
         slots=(0, 1))
-
-
-_DEQUANTIZE_ROWS_PLANS: Dict[tuple, object] = {}
-
-
-def dequantize_rows_supported(data: torch.Tensor, scale: torch.Tensor, elem_dtype: dtypes.DType,
-                              block_size: int) -> bool:
-    """Whether `dequantize_rows` takes these: 2-d contiguous codes and scales, blocks along the
-    last dim holding whole bytes of codes (fp8, MXINT8, fp4 with an even block size)."""
-    return (data.dim() == 2 and data.is_contiguous() and scale.is_contiguous()
-            and elem_dtype.codes_per_group in (1, 2) and block_size % elem_dtype.codes_per_group == 0
-            and _next_pow2(block_size) <= _MAX_BLOCK_P)
-
-
-def dequantize_rows(data: torch.Tensor, scale: torch.Tensor, elem_dtype: dtypes.DType,
-                    block_size: int, target_dtype: torch.dtype, n: int) -> torch.Tensor:
-    """dequantize() along the last dim of 2-d codes (n elements per row), with the launch
-    decided once per shapes, dtypes, device and alignment (QAT dequantizes every gathered
-    weight in every forward and backward). For validated arguments and
-    `dequantize_rows_supported`."""
-    key = (data.shape, data.dtype, scale.shape, data.device, data.data_ptr() % 16 == 0,
-           elem_dtype, block_size, target_dtype, n)
-    plan = _DEQUANTIZE_ROWS_PLANS.get(key)
-    if plan is None:
-        plan = _DEQUANTIZE_ROWS_PLANS[key] = _dequantize_rows_plan(
-            data.view(torch.uint8), scale, elem_dtype, block_size, n)
-    out = torch.empty((data.shape[0], n), dtype=target_dtype, device=data.device)
-    if out.numel():
-        plan(data.view(torch.uint8), scale, out)
-    return out
-
-
-def _dequantize_rows_plan(data, scale, fmt, block_size, n):
-    from .._launch import Launch
-
-    rows, cpg = data.shape[0], fmt.codes_per_group
-    block_p = _next_pow2(block_size)
-    blocks = _cdiv(n, block_size)
-    tile_r, tile_nb, warps = _rows_tile("dequantize_rows", block_p, blocks, rows)
-    tiles_r, tiles_c = _cdiv(rows, tile_r), _cdiv(blocks, tile_nb)
-    grid, grid_kind = _grid(1, tiles_r, tiles_c)
-    return Launch(
-        _kernels()[1].dequantize_rows_kernel, grid,
-        (data, scale, data, rows, n, tiles_r, tiles_c, blocks, _cdiv(n, cpg)),
-        dict(BLOCK=block_size, BLOCK_P=block_p, TILE_R=tile_r, TILE_NB=tile_nb,
-             I64=_needs_i64(rows * n, data.numel(), scale.numel()), GRID=grid_kind, CPG=cpg,
-             HW_FP8=_hw_fp8(fmt, data.device), WORDS=False, SOFT_BF16=interpreting(),
-             num_warps=warps, **decode_constants(fmt)),
-        slots=(0, 1, 2))
