@@ -194,6 +194,9 @@ def fused_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     cfg = config or _default_config(fmt, M, N, blocks_k, x.dtype, x.device)
     if cfg.variant == SCALED_DOTS and x.dtype != torch.bfloat16:
         raise ValueError("the scaled-dots variant needs bf16 activations")
+    if fmt.codes_per_group == 4 and not (cfg.variant == ROWS and _whole_words(fmt, w_data, K)):
+        raise ValueError("config: the fused kernel reads fp6 codes only in the rows variant, as "
+                         "whole 32-bit words (K a multiple of 16, word-aligned rows)")
     return FusedPlan(x, w_scale, w_data, fmt, block_size, bias, out_dtype, cfg)(
         x, w_scale, w_data, bias)
 
