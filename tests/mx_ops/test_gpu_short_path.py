@@ -88,7 +88,7 @@ def test_stream_plan_is_the_operator(fmt, bias):
     linear = torch.nn.Linear(1024, 4096, bias=bias, device="cuda", dtype=torch.bfloat16)
     layer = torchmx.MXInferenceLinear.from_float(linear, QLinearConfig(MXConfig(fmt), None))
     layer.prepack()
-    if layer._fragment_layout != "stream":
+    if layer._prepacked_layout != "tma_stream":
         pytest.skip("no TMA stream layout on this GPU / Triton")
     b = None if layer.bias is None else layer.bias.detach()
     base = torch.randn(64 * 1024 + 8, device="cuda", dtype=torch.bfloat16)

@@ -13,7 +13,7 @@ What runs, each result checked:
   and arbitrary scale bytes (0, 254, 255 included): bits equal to the reference;
 - F.linear with an MX weight of arbitrary bytes at row counts that reach every route (the
   small-M kernels, the tensor-core kernels, the chunked dequantize + cuBLAS path);
-- MXInferenceLinear prepacked in each layout (stream, fragment, piece) at 1 to 64 rows and
+- MXInferenceLinear prepacked in each layout (TMA stream, fp4 wgmma, MMA) at 1 to 64 rows and
   past them. The linear results are held to the dequantized weight's product: NaN where it
   has NaN, the rest within fp32-summation tolerance (the bit-exact linear contract is tested
   in the kernels' own tests on exact sums; here the bytes are arbitrary).
@@ -205,7 +205,7 @@ def sweep_prepacked(gen):
                 layer.prepack()
             except ValueError:  # no prepacked layout for this shape and format
                 continue
-            layouts.add(layer._fragment_layout)
+            layouts.add(layer._prepacked_layout)
             for rows in (1, 2, 7, 16, 64, 65):
                 x = torch.randn(rows, k, generator=gen).to(DEVICE).bfloat16()
                 with torch.no_grad():
@@ -245,7 +245,7 @@ def main(argv):
     print(f"prepacked cases: {count}, layouts: {', '.join(layouts) or 'none'}", flush=True)
     if DEVICE == "cuda":
         from torchmx.kernels.linear import stream_matmul
-        if stream_matmul.usable_on(torch.device("cuda")) and "stream" not in layouts:
+        if stream_matmul.usable_on(torch.device("cuda")) and "tma_stream" not in layouts:
             raise AssertionError("the TMA stream layout is usable on this GPU but no case reached it")
     if DEVICE == "cuda":
         torch.cuda.synchronize()

@@ -32,8 +32,8 @@ from .mx_linear import check_linear, check_qconfig, describe_qconfig
 __all__ = ["MXInferenceLinear", "prepack_weights"]
 
 _EXTRA_STATE_VERSION = 1
-# prepack()'s copy of the weight (the stream layout, the fragment layout for MXFP4 or the piece
-# layout): its codes, its scales and the kernel's split-K counters.
+# prepack()'s copy of the weight (the TMA stream layout, the fp4 wgmma layout for MXFP4 or the
+# MMA layout): its codes, its scales and the kernel's split-K counters.
 _PREPACKED_BUFFERS = ("weight_prepacked_codes", "weight_prepacked_scales",
                       "weight_prepacked_counters")
 # Their earlier names, as layers pickled and state dicts saved by earlier versions hold them.
@@ -50,10 +50,10 @@ class _PackedLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight_mx, bias, activations_config, fragment):
+    def forward(ctx, x, weight_mx, bias, activations_config, prepacked):
         ctx.save_for_backward(weight_mx)
         ctx.dtypes = (x.dtype, None if bias is None else bias.dtype)
-        return _packed_linear(x, weight_mx, bias, activations_config, fragment)
+        return _packed_linear(x, weight_mx, bias, activations_config, prepacked)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -67,16 +67,16 @@ class _PackedLinearFunction(torch.autograd.Function):
         return grad_x, None, grad_b, None, None
 
 
-def _packed_linear(x, weight_mx, bias, activations_config, fragment):
+def _packed_linear(x, weight_mx, bias, activations_config, prepacked):
     if activations_config is not None:
         x = activations_config.to_mx(x, -1)
-    elif fragment is not None:  # weight-only: the op picks its kernel or the usual path
-        layout, codes, scales, counters, fold, elem_dtype_name = fragment
-        if layout == "stream":
+    elif prepacked is not None:  # weight-only: the op picks its kernel or the usual path
+        layout, codes, scales, counters, fold, elem_dtype_name = prepacked
+        if layout == "tma_stream":
             return torch.ops.torchmx.mx_stream_linear(
                 x, codes, scales, counters, weight_mx._scale_e8m0, weight_mx._data,
                 elem_dtype_name, weight_mx.shape[1], bias, x.dtype)
-        if layout == "fragment":
+        if layout == "fp4_wgmma":
             return torch.ops.torchmx.mx_fp4_fragment_linear(
                 x, codes, scales, counters, fold, weight_mx._scale_e8m0, weight_mx._data,
                 weight_mx.shape[1], bias, x.dtype)
@@ -86,7 +86,7 @@ def _packed_linear(x, weight_mx, bias, activations_config, fragment):
     return F.linear(x, weight_mx, bias)
 
 
-_LAYOUT_NAMES = {tma_stream_layout: "stream", fp4_wgmma_layout: "fragment", mma_layout: "piece"}
+_LAYOUT_NAMES = {tma_stream_layout: "tma_stream", fp4_wgmma_layout: "fp4_wgmma", mma_layout: "mma"}
 
 
 def _stream_layout_wanted(fmt: dtypes.DType, out_features: int, in_features: int,
@@ -94,7 +94,7 @@ def _stream_layout_wanted(fmt: dtypes.DType, out_features: int, in_features: int
     """Whether prepack() makes a stream-layout copy of a weight [out_features, in_features] of
     this format on `device`: an sm_90 GPU where Triton has Gluon, with the kernel's CTAs (its
     64-row tiles, times the split of K) filling enough of the GPU's waves
-    (stream_matmul.fills_waves). Elsewhere the fragment and piece kernels are the faster."""
+    (stream_matmul.fills_waves). Elsewhere the fp4 wgmma and MMA kernels are the faster."""
     if device.type != "cuda":
         return False
     from ..kernels.linear import stream_matmul  # imports Triton: asked only for CUDA weights
@@ -110,7 +110,7 @@ def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
     fmt, block = qconfig.weights_config.elem_dtype, qconfig.weights_config.block_size
     if qconfig.activations_config is not None:
         return None
-    layouts = (fp4_wgmma_layout, mma_layout)  # MXFP4: fragments, the faster
+    layouts = (fp4_wgmma_layout, mma_layout)  # MXFP4: the fp4 wgmma layout, the faster
     if (fmt in tma_stream_layout.FORMATS
             and _stream_layout_wanted(fmt, out_features, in_features, device)):
         layouts = (tma_stream_layout,) + layouts
@@ -161,16 +161,16 @@ class MXInferenceLinear(nn.Module):
             self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
         else:
             self.register_parameter("bias", None)
-        self._init_fragment()
-        self.register_load_state_dict_post_hook(_refresh_fragment)
+        self._init_prepacked()
+        self.register_load_state_dict_post_hook(_refresh_prepacked)
 
-    def _init_fragment(self) -> None:
+    def _init_prepacked(self) -> None:
         """No prepacked copy (prepack() adds one; it is not saved: rebuilt from the weight)."""
         for name in _PREPACKED_BUFFERS:
             self.register_buffer(name, None, persistent=False)
-        self._fragment_fold = True
-        self._fragment_layout = None  # "stream", "fragment" or "piece"
-        self._fragment_source = None  # what the copy was built from (`_weight_source`)
+        self._prepacked_fold = True
+        self._prepacked_layout = None  # "tma_stream", "fp4_wgmma" or "mma" (_LAYOUT_NAMES)
+        self._prepacked_source = None  # what the copy was built from (`_weight_source`)
 
     def __setstate__(self, state):
         buffers = state.get("_buffers", {})
@@ -181,13 +181,14 @@ class MXInferenceLinear(nn.Module):
             if old in non_persistent:
                 non_persistent.discard(old)
                 non_persistent.add(new)
+        for old in ("fold", "layout", "source"):  # pickled under the earlier attribute names
+            if f"_fragment_{old}" in state:
+                state[f"_prepacked_{old}"] = state.pop(f"_fragment_{old}")
         super().__setstate__(state)
-        if "_fragment_source" not in self.__dict__:  # pickled before prepack() existed
-            self._init_fragment()
-        elif "_fragment_layout" not in self.__dict__:  # pickled before the stream layout
-            fmt = self.qconfig.weights_config.elem_dtype
-            self._fragment_layout = (None if self.weight_prepacked_codes is None else
-                                     "fragment" if fmt == dtypes.float4_e2m1 else "piece")
+        if "_prepacked_source" not in self.__dict__:  # pickled before prepack() existed
+            self._init_prepacked()
+        elif "_prepacked_layout" not in self.__dict__:  # pickled before the stream layout
+            self._prepacked_layout = None  # prepack() below names the layout of its copy
         if self.prepacked:
             # Rebuilt from the weight, as forward would on its first eager call (the weight
             # tensors are new): the pickled copy may be in another version of its layout (the
@@ -238,7 +239,7 @@ class MXInferenceLinear(nn.Module):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         if self.prepacked:  # the copy went through the same conversion as the weight
-            self._fragment_source = self._weight_source()
+            self._prepacked_source = self._weight_source()
         if self.bias is not None:
             self._weight_dtype = self.bias.dtype
         else:  # the uint8 buffers carry no float dtype: see what fn does to one
@@ -272,8 +273,8 @@ class MXInferenceLinear(nn.Module):
         weights whose kernel CTAs, one per 64-row tile or a few sharing its in features
         (split-K), fill enough of the GPU's waves: on an H100 out features 1024, 4096 and
         8192, and 14336 for MXFP4 and MXFP6; one MXFP4 row only unsplit where they fill 90%).
-        Otherwise, and for the shapes it does not take: for MXFP4 the fragment layout
-        (torchmx/kernels/layouts/fp4_wgmma_layout.py, 2 to 64 rows), for the other formats the piece
+        Otherwise, and for the shapes it does not take: for MXFP4 the fp4 wgmma layout
+        (torchmx/kernels/layouts/fp4_wgmma_layout.py, 2 to 64 rows), for the other formats the MMA
         layout (torchmx/kernels/layouts/mma_layout.py; 2 to 64 rows, fp6 1 to 32). All are faster
         than the standard layout's kernels (docs/matmul.md). Other inputs take the usual path,
         with the same numerics (exact products, fp32 sums, one rounding). Needs a weight-only
@@ -304,20 +305,20 @@ class MXInferenceLinear(nn.Module):
         if self.weight_data.device.type == "meta":
             raise ValueError(f"{self._describe()}.prepack(): the weight is on the meta device; "
                              "load its values first")
-        self._fragment_fold = True  # used by the fragment kernel alone
+        self._prepacked_fold = True  # used by the fp4 wgmma kernel alone
         if layout is tma_stream_layout:
             codes, scales = tma_stream_layout.pack(self.weight_scale, self.weight_data,
                                                cfg.elem_dtype)
         elif layout is fp4_wgmma_layout:
             codes, scales = fp4_wgmma_layout.preshuffle(self.weight_scale, self.weight_data)
-            self._fragment_fold = fp4_wgmma_layout.fold_scales(self.weight_scale)
+            self._prepacked_fold = fp4_wgmma_layout.fold_scales(self.weight_scale)
         else:
             codes, scales = mma_layout.pack(self.weight_scale, self.weight_data, cfg.elem_dtype)
         self.weight_prepacked_codes, self.weight_prepacked_scales = codes, scales
         self.weight_prepacked_counters = torch.zeros(
             self.out_features // layout.CHUNK, dtype=torch.int32, device=codes.device)
-        self._fragment_layout = _LAYOUT_NAMES[layout]
-        self._fragment_source = self._weight_source()
+        self._prepacked_layout = _LAYOUT_NAMES[layout]
+        self._prepacked_source = self._weight_source()
         return self
 
     def _weight_source(self) -> tuple:
@@ -344,37 +345,37 @@ class MXInferenceLinear(nn.Module):
             bias = bias.to(x.dtype)  # differentiable: the gradient reaches the bias in its dtype
         compiling = torch.compiler.is_compiling()
         source = None if compiling else self._weight_source()
-        fragment = None
+        prepacked = None
         if self.weight_prepacked_codes is not None:
-            if not compiling and self._fragment_source != source:
+            if not compiling and self._prepacked_source != source:
                 self.prepack()  # the weight buffers were written or replaced since
-            fragment = (self._fragment_layout, self.weight_prepacked_codes,
+            prepacked = (self._prepacked_layout, self.weight_prepacked_codes,
                         self.weight_prepacked_scales,
-                        self.weight_prepacked_counters, self._fragment_fold,
+                        self.weight_prepacked_counters, self._prepacked_fold,
                         self.qconfig.weights_config.elem_dtype_name)
         if compiling:
             return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
-                                               self.qconfig.activations_config, fragment)
+                                               self.qconfig.activations_config, prepacked)
         weight, kernel_parts = self._weight_view(x.dtype, source)
         if short_path(x, bias):
             usable = (kernel_parts is not None  # its [1]: the weight's codes
                       and weight_matmul._kernels_usable(kernel_parts[1].device))
-            if self._fragment_layout == "stream" and fragment is not None:
+            if self._prepacked_layout == "tma_stream" and prepacked is not None:
                 out = self._stream_call(x, bias)
                 if out is not None:
                     return out
                 if usable:
-                    fragment = None  # the operator would run mx_weight_linear's kernels: below
-            if (usable and fragment is None
+                    prepacked = None  # the operator would run mx_weight_linear's kernels: below
+            if (usable and prepacked is None
                     and (bias is None or bias.shape[0] == self.out_features)):
                 # what F.linear(x, weight, bias) reaches below MXTensor's dispatch, its parts
                 # (one MXTensor's) and route decided when the view was made
                 scale, data, fmt, block_size, K, plans = kernel_parts
                 return linear_dispatch.linear(x, scale, data, fmt, block_size, K, bias, x.dtype,
                                              plans)
-            return _packed_linear(x, weight, bias, self.qconfig.activations_config, fragment)
+            return _packed_linear(x, weight, bias, self.qconfig.activations_config, prepacked)
         return _PackedLinearFunction.apply(x, weight, bias, self.qconfig.activations_config,
-                                           fragment)
+                                           prepacked)
 
     def _weight_view(self, dtype: torch.dtype, source: tuple):
         """(`_weight_mx(dtype)`, the arguments of kernels/linear/dispatch.py's linear when F.linear with
@@ -411,8 +412,8 @@ class MXInferenceLinear(nn.Module):
         key = (rows, x.dtype, x.device,
                None if bias is None else (bias.dtype, bias.shape, bias.data_ptr() & 15))
         cached = _STREAM_PLANS.get(self)
-        if cached is None or cached[0] is not self._fragment_source:
-            cached = _STREAM_PLANS[self] = (self._fragment_source, {})
+        if cached is None or cached[0] is not self._prepacked_source:
+            cached = _STREAM_PLANS[self] = (self._prepacked_source, {})
         plans = cached[1]
         if key not in plans:
             cfg = self.qconfig.weights_config
@@ -504,7 +505,7 @@ def prepack_weights(model: nn.Module) -> List[str]:
     return names
 
 
-def _refresh_fragment(module: MXInferenceLinear, incompatible_keys) -> None:
-    """After load_state_dict: rebuild the fragment copy from the loaded weight."""
+def _refresh_prepacked(module: MXInferenceLinear, incompatible_keys) -> None:
+    """After load_state_dict: rebuild the prepacked copy from the loaded weight."""
     if module.prepacked and module.weight_data.device.type != "meta":
         module.prepack()

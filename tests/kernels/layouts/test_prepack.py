@@ -70,9 +70,9 @@ def _unpacked(layer):
     fmt = layer.qconfig.weights_config.elem_dtype
     codes, scales = layer.weight_prepacked_codes, layer.weight_prepacked_scales
     N, K = layer.out_features, layer.in_features
-    if layer._fragment_layout == "stream":
+    if layer._prepacked_layout == "tma_stream":
         return sl.unpack(codes, scales, fmt, N, K)
-    if layer._fragment_layout == "fragment":
+    if layer._prepacked_layout == "fp4_wgmma":
         return fl.unshuffle(codes, scales, N, K)
     return pl.unpack(codes, scales, fmt, N, K)
 
@@ -94,15 +94,15 @@ def test_prepacked_layer_equals_the_plain_one(fmt, rows):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_copy_is_the_weight_in_its_layout(fmt, stream_copies):
     layer = _layer(fmt=fmt).prepack()
-    expected = ("stream" if stream_copies else
-                "fragment" if fmt == "float4_e2m1" else "piece")
-    assert layer._fragment_layout == expected
+    expected = ("tma_stream" if stream_copies else
+                "fp4_wgmma" if fmt == "float4_e2m1" else "mma")
+    assert layer._prepacked_layout == expected
     s, d = _unpacked(layer)
     assert torch.equal(s, layer.weight_scale) and torch.equal(d, layer.weight_data)
     extra = layer.weight_prepacked_codes.numel() - layer.weight_data.numel()
     assert layer.weight_prepacked_counters.shape == (2,) and not layer.weight_prepacked_counters.any()
     assert layer.weight_prepacked_counters.dtype == torch.int32
-    assert extra == (fl.PAD_CODE_BYTES if expected == "fragment" else 0)
+    assert extra == (fl.PAD_CODE_BYTES if expected == "fp4_wgmma" else 0)
 
 
 @pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e5m2"])
@@ -172,16 +172,16 @@ def test_a_pickled_copy_is_rebuilt_from_the_weight(fmt):
     state["_buffers"]["weight_prepacked_codes"] = torch.zeros_like(expected)  # a stale copy
     loaded = MXInferenceLinear.__new__(MXInferenceLinear)
     loaded.__setstate__(state)
-    assert loaded.prepacked and loaded._fragment_layout == layer._fragment_layout
+    assert loaded.prepacked and loaded._prepacked_layout == layer._prepacked_layout
     assert torch.equal(loaded.weight_prepacked_codes, expected)
-    assert loaded._fragment_source == loaded._weight_source()
+    assert loaded._prepacked_source == loaded._weight_source()
     assert torch.equal(layer.weight_prepacked_codes, expected)  # the original is untouched
 
 
 def test_layers_pickled_before_prepack_existed_load():
     layer = _layer()
     state = layer.__getstate__()
-    for name in ("_fragment_fold", "_fragment_layout", "_fragment_source"):
+    for name in ("_prepacked_fold", "_prepacked_layout", "_prepacked_source"):
         state.pop(name)
     for name in ("weight_prepacked_codes", "weight_prepacked_scales", "weight_prepacked_counters"):
         state["_buffers"].pop(name)
@@ -290,16 +290,24 @@ def test_prepacked_layer_compiles(fmt):
     torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("fmt,name", [("float4_e2m1", "fragment"), ("int8", "piece")])
+def _old_attribute_names(state):
+    """A layer's pickled state as earlier versions wrote it: `_fragment_*`, not `_prepacked_*`."""
+    for name in ("fold", "layout", "source"):
+        state[f"_fragment_{name}"] = state.pop(f"_prepacked_{name}")
+    return state
+
+
+@pytest.mark.parametrize("fmt,name", [("float4_e2m1", "fp4_wgmma"), ("int8", "mma")])
 def test_layers_pickled_before_the_stream_layout_keep_their_copy(fmt, name, monkeypatch):
-    """A layer prepacked (fragment or piece copy) and pickled before `_fragment_layout` existed."""
+    """A layer prepacked (fp4 wgmma or MMA copy) and pickled before the layout was recorded,
+    under the earlier attribute names."""
     monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda *_: False)
     layer = _layer(fmt=fmt).prepack()
-    state = layer.__getstate__()
+    state = _old_attribute_names(layer.__getstate__())
     state.pop("_fragment_layout")
     old = MXInferenceLinear.__new__(MXInferenceLinear)
     old.__setstate__(state)
-    assert old.prepacked and old._fragment_layout == name
+    assert old.prepacked and old._prepacked_layout == name
     x = torch.randint(-4, 5, (2, 256)).to(torch.bfloat16).to(DEVICE)
     torch.testing.assert_close(old(x), reference(x, layer.weight, layer.bias), rtol=0, atol=0)
 
@@ -323,7 +331,7 @@ def test_prepack_makes_stream_copies_on_hopper_for_weights_that_fill_the_waves(m
     assert not inference_linear._stream_layout_wanted(fp8, 64, 512, here)
     assert not inference_linear._stream_layout_wanted(fp4, 128, 256, torch.device("cpu"))
     layer = _layer(fmt="float8_e4m3").prepack()
-    assert layer._fragment_layout == ("stream" if expected else "piece")
+    assert layer._prepacked_layout == ("tma_stream" if expected else "mma")
 
 
 def test_mxfp4_weights_never_take_the_piece_layout(stream_copies):
@@ -351,20 +359,20 @@ def test_mxfp4_weights_never_take_the_piece_layout(stream_copies):
                    for N in range(0, 1025, 64) for K in range(0, 2049, 64))
 
 
-def test_mxfp4_layers_pickled_with_a_piece_copy_load_with_a_fragment_copy(monkeypatch):
+def test_mxfp4_layers_pickled_with_an_mma_copy_load_with_an_fp4_wgmma_copy(monkeypatch):
     """Earlier versions could give an MXFP4 weight a piece copy, which only pickles hold (the
     copy is not in state dicts): unpickling rebuilds the copy in the layout prepack() picks
     now, bit for bit the weight."""
     monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda *_: False)
     layer = _layer(fmt="float4_e2m1").prepack()
-    state = copy.deepcopy(layer).__getstate__()
+    state = _old_attribute_names(copy.deepcopy(layer).__getstate__())
     state["_fragment_layout"] = "piece"
     n = layer.weight_data.numel()  # the MMA layout's size: the weight's bytes, no padding
     state["_buffers"]["weight_prepacked_codes"] = torch.zeros(n, dtype=torch.uint8, device=DEVICE)
     state["_buffers"]["weight_prepacked_scales"] = torch.zeros_like(layer.weight_scale).view(-1)
     old = MXInferenceLinear.__new__(MXInferenceLinear)
     old.__setstate__(state)
-    assert old.prepacked and old._fragment_layout == "fragment"
+    assert old.prepacked and old._prepacked_layout == "fp4_wgmma"
     s, d = _unpacked(old)
     assert torch.equal(s, layer.weight_scale) and torch.equal(d, layer.weight_data)
     x = torch.randint(-4, 5, (2, 256)).to(torch.bfloat16).to(DEVICE)
