@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from formats import bit_view
 from torchmx import MXTensor
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::torchmx.mx_tensor.MXLayoutWarning")

@@ -18,6 +18,7 @@ from torchmx.kernels.linear.mma_linear import FAST_SCALES
 from matmul_operands import DEVICE, integer_operands
 
 ON_GPU = DEVICE == "cuda" and mx_gemm.usable_on(torch.device("cuda"))
+pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 needs_gluon = pytest.mark.skipif(not mx_gemm.available(), reason="this Triton has no Gluon")
 on_gpu = pytest.mark.skipif(not ON_GPU, reason="needs an sm_90 GPU with Gluon")
 FORMATS = mx_gemm.FORMATS

@@ -29,6 +29,7 @@ FORMATS = ["float8_e4m3", "float8_e5m2", "int8", "float4_e2m1", "float6_e2m3", "
 FP8 = FORMATS[:2]
 OTHER = dtypes.ExMy(3, 3)  # a custom minifloat: no stream layout
 ON_GPU = DEVICE == "cuda" and stream_matmul.usable_on(torch.device("cuda"))
+pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on sm_90 GPUs only")
 needs_gluon = pytest.mark.skipif(not stream_matmul.available(), reason="this Triton has no Gluon")
 

@@ -70,7 +70,7 @@ def test_this_module_in_a_fresh_interpreter_process():
 # The full matrix (as on a GPU) also under the interpreter: TORCHMX_TEST_FULL=1 (slow).
 FULL = GPU or os.environ.get("TORCHMX_TEST_FULL") == "1"
 # The interpreter computes masked-off lanes too, where integer casts may overflow harmlessly.
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 DEVICE = "cuda" if GPU else "cpu"
 if not GPU and not INTERPRET:
     pytest.skip("no GPU and the Triton interpreter is off (TRITON_INTERPRET)", allow_module_level=True)
