@@ -8,13 +8,17 @@
 - end to end: the whole model quantized with `quantize_linear_`; cosine similarity of its
   sentence embeddings with the full-precision ones, and nearest-neighbour agreement (does each
   sentence keep its closest other sentence?);
-- model bytes (parameters and buffers) and the median forward time on the sentence batch, timed
-  in alternation with the full-precision model so that a burst of load on the machine slows
-  both alike (the full-precision time is the median of all its samples).
+- model bytes (parameters and buffers) and the median forward time on the tokenized sentence
+  batch (the same work every call), after warm-up calls, with the garbage collector paused and
+  a fixed thread count, timed in alternation with the full-precision model so that a burst of
+  load on the machine slows both alike (the full-precision time is the median of all its
+  samples).
 """
 
 import copy
+import contextlib
 import datetime
+import gc
 import platform
 import statistics
 import time
@@ -134,23 +138,55 @@ class EncoderReport:
         return out
 
 
+WARM_UP_CALLS = 3
+
+
 def _interleaved_ms(fns: Sequence[Callable[[], object]], repeat: int,
                     synchronize: Callable[[], None] = lambda: None) -> List[List[float]]:
-    """Times (ms) of `repeat` calls of each function, called in turn, after a warm-up call of
-    each (the first calls of a model build caches and allocate its buffers: the caller has run
-    each model once already). `synchronize` waits for the device (a GPU runs the calls
-    asynchronously)."""
+    """Times (ms) of `repeat` calls of each function, called in turn, after WARM_UP_CALLS
+    calls of each (the first calls of a model build caches, allocate buffers and settle the
+    CPU's clocks and caches). The garbage collector is paused while timing: a collection
+    landing in one call would charge that call for every earlier allocation. `synchronize`
+    waits for the device (a GPU runs the calls asynchronously)."""
     for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, samples in zip(fns, times):
-            synchronize()
-            start = time.perf_counter()
+        for _ in range(WARM_UP_CALLS):
             fn()
-            synchronize()
-            samples.append(1e3 * (time.perf_counter() - start))
+    times = [[] for _ in fns]
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            for fn, samples in zip(fns, times):
+                synchronize()
+                start = time.perf_counter()
+                fn()
+                synchronize()
+                samples.append(1e3 * (time.perf_counter() - start))
+    finally:
+        if collecting:
+            gc.enable()
     return times
+
+
+@contextlib.contextmanager
+def _threads(count: Optional[int]):
+    """torch's intra-op thread count fixed to `count` (None: left as it is), restored after."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _forward(model: nn.Module, batch: dict) -> Callable[[], object]:
+    """One forward pass of `model` on the tokenized `batch`, without gradients (as `embed`)."""
+    def forward():
+        with torch.no_grad():
+            return model(**batch)
+    return forward
 
 
 def _cpu_name() -> str:
@@ -223,16 +259,24 @@ def check_block_size(model: nn.Module, block_size: int, layers: Optional[Iterabl
 
 
 def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str] = DEMO_SENTENCES,
-                     *, model_name: str = "encoder", repeat: int = 7,
+                     *, model_name: str = "encoder", repeat: int = 15, threads: Optional[int] = None,
                      progress: Optional[Callable[[Iterable], Iterable]] = None,
                      log: Optional[Callable[[str], None]] = None) -> EncoderReport:
     """Measure every recipe on `encoder` (an object with `.model`, `.tokenize(sentences)` and
     `.embed(sentences)`, such as torchmx.models.MiniLM). The encoder is left unchanged.
 
-    `repeat`: timed forward passes of each model; `progress` wraps the iterable of recipes (e.g.
-    tqdm); `log` receives a line at the start of each phase."""
+    `repeat`: timed forward passes of each model; `threads`: torch's thread count for the whole
+    evaluation (default: as it is), recorded in the report's environment; `progress` wraps the
+    iterable of recipes (e.g. tqdm); `log` receives a line at the start of each phase."""
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be an int >= 1 or None, got {threads!r}")
+    with _threads(threads):
+        return _evaluate(encoder, recipes, sentences, model_name, repeat, progress, log)
+
+
+def _evaluate(encoder, recipes, sentences, model_name, repeat, progress, log) -> EncoderReport:
     model = encoder.model
     for recipe in recipes:  # every mistake before the work
         recipe.qconfig()
@@ -263,8 +307,8 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
         quantize_linear_(quantized.model, qconfig, progress=False)
         embeddings = quantized.embed(sentences)
         cosine = (embeddings * reference).sum(dim=1)
-        baseline, timed = _interleaved_ms([lambda: encoder.embed(sentences),
-                                           lambda: quantized.embed(sentences)], repeat, synchronize)
+        baseline, timed = _interleaved_ms([_forward(model, batch), _forward(quantized.model, batch)],
+                                          repeat, synchronize)
         full_precision_ms += baseline
         report.results.append(RecipeResult(
             recipe=recipe,
@@ -280,7 +324,7 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
             forward_ms_samples=timed,
         ))
     if not full_precision_ms:
-        full_precision_ms = _interleaved_ms([lambda: encoder.embed(sentences)], repeat, synchronize)[0]
+        full_precision_ms = _interleaved_ms([_forward(model, batch)], repeat, synchronize)[0]
     report.forward_ms = statistics.median(full_precision_ms)
     report.forward_ms_samples = full_precision_ms
     return report
