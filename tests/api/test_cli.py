@@ -102,6 +102,8 @@ def no_model(monkeypatch):
     (["--block-sizes", "x"], "block sizes must be integers"),
     (["--repeat", "0"], "--repeat must be >= 1, got 0"),
     (["--repeat", "two"], "--repeat must be an integer, got 'two'"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--threads", "all"], "--threads must be an integer, got 'all'"),
     (["--device", "foo"], "--device 'foo' is not a device; allowed: cpu, cuda, cuda:N"),
     (["--device", "tpu"], "--device 'tpu' is not a device; allowed: cpu, cuda, cuda:N"),
     (["--device", "meta"], "--device meta: meta is not supported; allowed: cpu, cuda, cuda:N"),
@@ -170,7 +172,7 @@ def test_help_shows_the_default_command_options(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     for option in ("--formats", "float6_e3m2", "--scale-modes", "rceil", "--rounding", "--block-sizes",
-                   "--device", "cuda:N", "--model DIR", "--sentences", "--out", "--repeat",
+                   "--device", "cuda:N", "--model DIR", "--sentences", "--out", "--repeat", "--threads",
                    "torchmx inspect FILE"):
         assert option in out, option
     assert main(["evaluate", "-h"]) == 0 and "--block-sizes" in capsys.readouterr().out
