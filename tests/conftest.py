@@ -10,6 +10,13 @@ import numpy
 import pytest
 import torch
 
+# Cache compiled modules (torchmx's, and the test modules pytest rewrites for its asserts) even
+# where PYTHONDONTWRITEBYTECODE is set, as on the CI machine: without the cache every xdist worker
+# and every subprocess a test starts compiles them again from source (seconds each). The cache
+# goes to __pycache__ folders, which git ignores.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # Tests import their shared helpers in tests/support (e.g. the independent oracle) as top-level modules.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
