@@ -62,7 +62,11 @@ def _seeded_module(request):
 
 @pytest.fixture(autouse=True)
 def _seeded_test(request):
-    _seed_global_generators(request.node.nodeid)
+    node_id = request.node.nodeid
+    group = request.node.get_closest_marker("xdist_group")
+    if group is not None:  # `--dist loadgroup` appends "@group": the seed is the same with `-n 0`
+        node_id = node_id.removesuffix("@" + group.args[0])
+    _seed_global_generators(node_id)
 
 
 # --- The gpu marker ----------------------------------------------------------------------------
@@ -72,7 +76,23 @@ def _seeded_test(request):
 _NEEDS_GPU = re.compile(r"\bneeds? (an? )?(CUDA|sm_90|GPU)|\bneeds sm_90|kernel needs sm_90|runs on sm_90 GPUs only")
 
 
+def _shares_a_module_fixture(item) -> bool:
+    """Does the test use a fixture of module (or wider) scope defined in its own file (built
+    once per worker that runs one of its tests)? Fixtures named with a leading underscore are
+    the files' cheap autouse helpers (e.g. one restoring an environment variable)."""
+    path = item.nodeid.split("::")[0]
+    for name, definitions in item._fixtureinfo.name2fixturedefs.items():
+        for definition in definitions:
+            if (definition.scope in ("module", "package", "session") and not name.startswith("_")
+                    and definition.baseid.split("::")[0] == path):
+                return True
+    return False
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # `--dist loadgroup` keeps these on one worker
+        if _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     unmarked = []
     for item in items:
         if item.get_closest_marker("gpu") is not None:
