@@ -200,7 +200,7 @@ for name, (x, y) in expected.items():
     out, y = (out, y) if isinstance(y, tuple) else ((out,), (y,))
     print(name, all(torch.equal(bit_view(a), bit_view(b)) for a, b in zip(out, y)))
 """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests" / "support")]))
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
