@@ -10,7 +10,8 @@
    (20) AdamW steps of FSDP2 MX-QAT on 2 ranks give the same losses, bit for bit, as one
    process (rank 0 alone) on the same global batch as the same two micro-batches.
 2. Timings (`--size 1b`: a Llama-style model of 1.2B parameters, hidden 2048, 16 layers,
-   sequence 2048, one sequence per rank; `--size tiny` on CPU), every run with FSDP2 and
+   sequence 2048, `--batch` sequences per rank, one table each; `--size tiny` on CPU), every
+   run with FSDP2 and
    MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fp32 master weights, AdamW:
    - bf16: nn.Linear layers (the baseline);
    - mxfp8 (hp gather): MXLinear, MXFP8 weights and activations, weights gathered in bf16;
@@ -22,15 +23,27 @@
    <= 0.30x for MXFP4; step time <= 1.10x). The hp-gather and MX-gather runs quantize the same
    bf16 weights: their first-step losses must agree bit for bit, and the script says whether
    they do (later steps may not: the timed runs allow nondeterministic kernels).
-   The embedding and lm_head stay in bf16 (not quantized) in every run.
+   The embedding and lm_head stay in bf16 (not quantized) in every run. "host ms" is when
+   the host had queued the step: where it is close to the step time, the host is the limit.
+   `--compile` compiles each decoder layer (inductor) after `fully_shard` in every recipe.
+3. `--profile [RECIPE ...]` instead: torch.profiler over `--profile-steps` steps of each recipe
+   on rank 0, printing host and device milliseconds per step by phase (the MX all-gather hooks,
+   FSDP2's all-gather, copy-out and reduce-scatter, MXLinear forward and backward, quantize,
+   dequantize, matmuls, copies, host syncs), the top kernels and host ops; `--trace-dir`
+   writes each profile's Chrome trace (gzipped).
 
 NVLink multicast (NVLS) is left off (NCCL_NVLS_ENABLE=0 unless set).
 """
 
 import argparse
+import contextlib
 import datetime
+import functools
+import gzip
 import os
+import shutil
 import statistics
+import sys
 import time
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -84,20 +97,24 @@ def prepare(model, recipe):
     return enable_mx_all_gather(model) if mx_gather else []
 
 
-def shard(model, mp_policy=None):
+def shard(model, mp_policy=None, compile_layers=False):
+    """FSDP2 per decoder layer and over the model; `compile_layers`: each layer compiled too
+    (FSDP2's hooks, the MX all-gather ones included, run eagerly around it)."""
     kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
     for layer in model.model.layers:
         fully_shard(layer, **kwargs)
+        if compile_layers:
+            layer.compile()
     fully_shard(model, **kwargs)
     return model
 
 
-def tokens(step, rank, size, device, world):
-    """Rank `rank`'s sequence of step `step` (the global batch is every rank's)."""
+def tokens(step, rank, size, device, world, batch=1):
+    """Rank `rank`'s `batch` sequences of step `step` (the global batch is every rank's)."""
     _, _, _, _, vocab, seq = SIZES[size]
     g = torch.Generator().manual_seed(1000 + step)
-    batch = torch.randint(0, vocab, (world, seq), generator=g)
-    return batch[rank:rank + 1].to(device)
+    ids = torch.randint(0, vocab, (world * batch, seq), generator=g)
+    return ids[rank * batch:(rank + 1) * batch].to(device)
 
 
 def step_loss(model, ids):
@@ -207,17 +224,18 @@ def linear_weight_bytes(model, mx_gathered) -> int:
     return total
 
 
-def time_recipe(name, size, device, rank, world, steps, counter):
+def time_recipe(name, size, device, rank, world, steps, counter, batch=1, compile_layers=False):
     model = llama(size, device)
     mx_gathered = prepare(model, RECIPES[name])
     # forward and backward each gather every layer's weights (resharded after forward)
     layer_bytes = 2 * linear_weight_bytes(model, mx_gathered)
-    shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+          compile_layers)
     opt = optimizer(model)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times, losses = [], []
+    times, queued, losses = [], [], []
     for step in range(3 + steps):
-        ids = tokens(step, rank, size, device, world)
+        ids = tokens(step, rank, size, device, world, batch)
         counter.total, counter.counting = 0, step == 2
         sync()
         start = time.perf_counter()
@@ -225,18 +243,160 @@ def time_recipe(name, size, device, rank, world, steps, counter):
         loss.backward()
         opt.step()
         opt.zero_grad()
+        host = time.perf_counter() - start  # the host has queued the step
         sync()
         counter.counting = False
         if step == 2:
             step_bytes = counter.total
         if step >= 3:
             times.append(time.perf_counter() - start)
+            queued.append(host)
         losses.append(loss.detach().float().cpu())
     del model, opt
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"step_bytes": step_bytes, "layer_bytes": layer_bytes,
-            "step_s": statistics.median(times), "losses": torch.stack(losses)}
+            "step_s": statistics.median(times), "host_s": statistics.median(queued),
+            "losses": torch.stack(losses)}
+
+
+# ------------------------------------------------------------------------------ 3. profile
+
+# Host-side phases of a training step: torch.profiler ranges FSDP2 opens itself (FSDP::...),
+# the ones `_label_phases` adds, and the ops that do the work.
+PHASES = [
+    ("step: forward", "step::forward"),
+    ("step: backward", "step::backward"),
+    ("step: optimizer", "step::optimizer"),
+    ("pre-all-gather quantize (hook)", "mx::fsdp_pre_all_gather"),
+    ("all-gather (copy-in + collective)", "FSDP::all_gather"),
+    ("all-gather copy-out", "FSDP::all_gather_copy_out"),
+    ("post-all-gather (hook)", "mx::fsdp_post_all_gather"),
+    ("MXLinear forward", "mx::linear_forward"),
+    ("MXLinear backward", "mx::linear_backward"),
+    ("quantize (torchmx::quantize_mx)", "torchmx::quantize_mx"),
+    ("dequantize (torchmx::dequantize_mx)", "torchmx::dequantize_mx"),
+    ("matmuls (aten::mm)", "aten::mm"),
+    ("matmuls (aten::addmm)", "aten::addmm"),
+    ("matmuls (aten::bmm)", "aten::bmm"),
+    ("FSDP pre-backward", "FSDP::pre_backward"),
+    ("FSDP reduce-scatter (post_backward_reduce)", "FSDP::post_backward_reduce"),
+    ("copies (aten::copy_)", "aten::copy_"),
+    ("host syncs (aten::item)", "aten::item"),
+    ("host syncs (cudaStreamSynchronize)", "cudaStreamSynchronize"),
+]
+
+
+def _label_phases():
+    """Open a profiler range around the MX all-gather hooks and MXLinear's forward and backward
+    (profile runs only)."""
+    from torch.profiler import record_function
+
+    from torchmx.distributed.all_gather_weight import MXAllGatherWeight
+    from torchmx.nn.mx_linear import _MXLinearFunction
+
+    def labelled(fn, label):
+        @functools.wraps(fn)  # FSDP2 checks the hooks' signatures
+        def call(*args, **kwargs):
+            with record_function(label):
+                return fn(*args, **kwargs)
+        return call
+
+    for name in ("fsdp_pre_all_gather", "fsdp_post_all_gather"):
+        setattr(MXAllGatherWeight, name, labelled(getattr(MXAllGatherWeight, name), f"mx::{name}"))
+    _MXLinearFunction.forward = staticmethod(labelled(_MXLinearFunction.forward,
+                                                      "mx::linear_forward"))
+    _MXLinearFunction.backward = staticmethod(labelled(_MXLinearFunction.backward,
+                                                       "mx::linear_backward"))
+
+
+def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None):
+    """`steps` profiled training steps of `recipe` on rank 0 (after 3 warm-up steps): the time
+    each phase holds the host (ms per step; ranges nest, so rows overlap) and the device time of
+    the kernels it launched, then the kernels that take the most device time."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    model = llama(size, device)
+    prepare(model, RECIPES[name])
+    shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    opt = optimizer(model)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def train_step(step):
+        ids = tokens(step, rank, size, device, world)
+        with record_function("step::forward"):
+            loss = step_loss(model, ids)
+        with record_function("step::backward"):
+            loss.backward()
+        with record_function("step::optimizer"):
+            opt.step()
+            opt.zero_grad()
+
+    for step in range(3):
+        train_step(step)
+    sync()
+    unprofiled = []
+    for step in range(3, 6):
+        start = time.perf_counter()
+        train_step(step)
+        sync()
+        unprofiled.append(time.perf_counter() - start)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    host, wall = [], []
+    prof = profile(activities=activities) if rank == 0 else contextlib.nullcontext()
+    with prof:
+        for step in range(6, 6 + steps):
+            start = time.perf_counter()
+            train_step(step)
+            host.append(time.perf_counter() - start)  # the host has queued the step
+            sync()
+            wall.append(time.perf_counter() - start)
+    del model, opt
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if rank != 0:
+        return
+    events = prof.key_averages()
+    # A profiler range appears twice: on the host (its host time, and the device time of the
+    # kernels launched inside it) and as a device-side annotation, which is no kernel.
+    host_events = [e for e in events if e.device_type.name == "CPU"]
+    by_name = {e.key: e for e in host_events}
+    kernels = [e for e in events if e.device_type.name in ("CUDA", "PrivateUse1")
+               and e.self_device_time_total > 0 and not getattr(e, "is_user_annotation", False)
+               and e.key not in by_name]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e3 / steps
+    if trace_dir:
+        path = os.path.join(trace_dir, f"trace_{name.split()[0]}{'_hp' if 'hp' in name else ''}.json")
+        prof.export_chrome_trace(path)
+        with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(path)
+    say(f"\n## profile: {name} ({steps} steps on rank 0, profiler on)")
+    say(f"step without the profiler {statistics.median(unprofiled) * 1e3:.1f} ms; "
+        f"with it: wall {statistics.median(wall) * 1e3:.1f} ms, host queued the step in "
+        f"{statistics.median(host) * 1e3:.1f} ms, kernels (all streams) {busy:.1f} ms")
+    say(f"{'phase':44} {'calls':>6} {'host ms':>9} {'device ms':>10}")
+    for label, key in PHASES:
+        e = by_name.get(key)
+        if e is None:
+            # FSDP2 appends the module name to its ranges: sum over modules
+            matches = [x for x in host_events if x.key.startswith(key + " (")]
+            if not matches:
+                continue
+            calls = sum(x.count for x in matches)
+            cpu = sum(x.cpu_time_total for x in matches)
+            dev = sum(x.device_time_total for x in matches)
+        else:
+            calls, cpu, dev = e.count, e.cpu_time_total, e.device_time_total
+        say(f"{label:44} {calls // steps:6d} {cpu / 1e3 / steps:9.2f} {dev / 1e3 / steps:10.2f}")
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    say(f"{'top kernels':80} {'calls':>6} {'ms':>8}")
+    for e in kernels[:15]:
+        say(f"{e.key[:80]:80} {e.count // steps:6d} {e.self_device_time_total / 1e3 / steps:8.2f}")
+    ops = sorted(host_events, key=lambda e: -e.self_cpu_time_total)
+    say(f"{'top host ops (self time)':80} {'calls':>6} {'ms':>8}")
+    for e in ops[:12]:
+        say(f"{e.key[:80]:80} {e.count // steps:6d} {e.self_cpu_time_total / 1e3 / steps:8.2f}")
 
 
 def main():
@@ -248,6 +408,17 @@ def main():
                         help="model of the checks (default: small on cuda, tiny on cpu)")
     parser.add_argument("--check-steps", type=int, default=20)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per recipe")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1],
+                        help="sequences per rank in the timed steps (one table each)")
+    parser.add_argument("--save", default=None, help="also write the printed output here")
+    parser.add_argument("--compile", action="store_true",
+                        help="time the recipes with each decoder layer compiled (inductor)")
+    parser.add_argument("--profile", nargs="*", choices=tuple(RECIPES), default=None,
+                        help="profile these recipes (all by default) instead of the checks and "
+                             "timings")
+    parser.add_argument("--profile-steps", type=int, default=2)
+    parser.add_argument("--trace-dir", default=None,
+                        help="write each profile's Chrome trace here (gzipped)")
     args = parser.parse_args()
     size = args.size or ("1b" if args.device == "cuda" else "tiny")
     check_size = args.check_size or ("small" if args.device == "cuda" else "tiny")
@@ -265,9 +436,25 @@ def main():
         dist.init_process_group("gloo")
         name = "CPU"
     counter = AllGatherBytes()
-    say = print if rank == 0 else (lambda *a, **k: None)
+    printed = []
+
+    def say(*parts):
+        if rank == 0:
+            print(*parts)
+            printed.append(" ".join(str(p) for p in parts))
+
+    say(f"# PYTHONPATH=. torchrun --nproc_per_node {world} benchmarks/bench_distributed.py "
+        + " ".join(sys.argv[1:]))
     say(f"# bench_distributed: {world} ranks on {name}, torch {torch.__version__}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+
+    if args.profile is not None:
+        _label_phases()
+        for recipe in args.profile or RECIPES:
+            profile_recipe(recipe, size, device, rank, world, args.profile_steps, say,
+                           args.trace_dir)
+        dist.destroy_process_group()
+        return
 
     same, count = check_gathered_weights(check_size, device, rank)
     say(f"check: {count} MXLinear weights gathered by FSDP2 as MXTensors equal to quantizing "
@@ -278,15 +465,27 @@ def main():
         say(f"check: {args.check_steps} steps of FSDP2 MX-QAT on {world} ranks, losses equal "
             f"to one process: {'yes' if equal else f'NO (max difference {diff:.3g})'}")
 
-    results = {}
-    for recipe in RECIPES:
-        results[recipe] = time_recipe(recipe, size, device, rank, world, args.steps, counter)
+    for batch in args.batch:
+        results = {}
+        for recipe in RECIPES:
+            results[recipe] = time_recipe(recipe, size, device, rank, world, args.steps, counter,
+                                          batch, args.compile)
+        report(results, size, batch, args.steps, say, args.compile)
+        if args.save and rank == 0:  # after each table: a later one may run out of memory
+            with open(args.save, "w") as f:
+                f.write("\n".join(printed) + "\n")
+    dist.destroy_process_group()
+
+
+def report(results, size, batch, steps, say, compiled=False):
     params = sum(p.numel() for p in llama(size, "meta").parameters())
     say(f"\n{size} Llama-style model ({params / 1e6:,.1f}M parameters), sequence "
-        f"{SIZES[size][5]}, one sequence per rank, {args.steps} timed steps")
+        f"{SIZES[size][5]}, {batch} sequence{'s' if batch > 1 else ''} per rank, {steps} timed "
+        f"steps{', each decoder layer compiled' if compiled else ''}")
     base = results["bf16"]
     say(f"{'recipe':20} {'gathered/step MB':>17} {'x bf16':>7} {'linear weights MB':>18} "
-        f"{'x bf16':>7} {'step ms':>9} {'x bf16':>7}")
+        f"{'x bf16':>7} {'step ms':>9} {'x bf16':>7} {'host ms':>8}")
+
     def ratio(a, b):
         return f"{a / b:7.3f}" if b else f"{'n/a':>7}"
 
@@ -294,7 +493,10 @@ def main():
         say(f"{recipe:20} {r['step_bytes'] / 1e6:17.1f} "
             f"{ratio(r['step_bytes'], base['step_bytes'])} "
             f"{r['layer_bytes'] / 1e6:18.1f} {ratio(r['layer_bytes'], base['layer_bytes'])} "
-            f"{r['step_s'] * 1e3:9.1f} {ratio(r['step_s'], base['step_s'])}")
+            f"{r['step_s'] * 1e3:9.1f} {ratio(r['step_s'], base['step_s'])} "
+            f"{r['host_s'] * 1e3:8.1f}")
+    say("(host ms: when the host had queued the whole step; close to the step time, the step "
+        "waits on the host, not the GPU)")
     if not base["step_bytes"]:
         say("(FSDP2's all-gather was not counted: this torch calls neither dist.all_gather_single "
             "nor dist.all_gather_into_tensor through the module)")
@@ -302,7 +504,6 @@ def main():
     say(f"check: mxfp8 first-step loss with MX gather equal to hp gather (the same quantized "
         f"bf16 weights): {'yes' if torch.equal(mx[0], hp[0]) else 'NO'}; later steps differ by "
         f"up to {(mx - hp).abs().max().item():.3g} (nondeterministic kernels allowed here)")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ copies, so the weights come from device memory, not from L2 (an fp4 8192 x 8192 
 
 Columns: "ours" (torchmx: the fused kernel for M <= SMALL_M, dequantize + cuBLAS above; the rows
 "<format> prepacked" are MXInferenceLinear.prepack()'s ops, where they run their own kernels:
-torchmx.mx_fp4_fragment_linear, the fragment-layout kernel for 2..64 rows of MXFP4, and
-torchmx.mx_piece_linear, mma_linear on the piece layout for 2..64 rows of MXFP8 and MXINT8 and
+torchmx.mx_fp4_fragment_linear, the fp4 wgmma-layout kernel for 2..64 rows of MXFP4, and
+torchmx.mx_piece_linear, mma_linear on the MMA layout for 2..64 rows of MXFP8 and MXINT8 and
 1..32 of MXFP6, on sm_90),
 "cuBLAS bf16" (F.linear on the unquantized bf16 weight), "compiled deq+mm" (torch.compile of
 the reference dequantize followed by the matmul), "old path" (torchmx 0.2's first version:
@@ -46,17 +46,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchmx import MXTensor, dtypes  # noqa: E402
-from torchmx.kernels.linear import byte_gemv, fragment_matmul as fm, mma_linear  # noqa: E402
-from torchmx.kernels.layouts import fragment_layout  # noqa: E402
+from torchmx.kernels.linear import byte_gemv, fp4_wgmma_matmul as fm, mma_linear  # noqa: E402
+from torchmx.kernels.layouts import fp4_wgmma_layout  # noqa: E402
 from torchmx.kernels.linear import dispatch as km, mx_gemm  # noqa: E402
-from torchmx.kernels.layouts import piece_layout  # noqa: E402
+from torchmx.kernels.layouts import mma_layout  # noqa: E402
 from torchmx.mx_ops import fragment_linear as fragment_op, piece_linear as piece_op  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference  # noqa: E402
 from _timing import graph_time_us, interleaved_us, ratio_stats  # noqa: E402
 
 FORMATS = [dtypes.float4_e2m1, dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float6_e2m3,
            dtypes.float6_e3m2, dtypes.int8]
-PIECE_FORMATS = [f for f in FORMATS if f != dtypes.float4_e2m1]  # prepacked: the piece layout
+PIECE_FORMATS = [f for f in FORMATS if f != dtypes.float4_e2m1]  # prepacked: the MMA layout
 ROTATE = 8  # weight copies per graph: 8 x 34 MB (fp4) is far beyond the L2
 
 
@@ -115,7 +115,7 @@ def check_all(device_name):
         check(out, x, w, b, f"prepacked {M}x{N}x{K} fold={parts[3]}")
         for _ in range(3):  # the split-K reduction is deterministic
             assert torch.equal(prepacked_linear(x, w, parts, b), out)
-    print(f"check: prepacked fp4 (fragment kernel) matches the exact product, fold and two-"
+    print(f"check: prepacked fp4 (fp4 wgmma kernel) matches the exact product, fold and two-"
           f"multiply scales, repeat calls bit-identical ({device_name})")
     for fmt in PIECE_FORMATS:
         for M, N, K in [(1, 256, 512), (2, 64, 256), (16, 192, 640), (33, 128, 4096),
@@ -130,18 +130,18 @@ def check_all(device_name):
                 assert torch.equal(prepacked_linear(x, w, parts, b), out)
             # the same tile and split as the standard layout's kernel: the same bits
             assert torch.equal(F.linear(x, w, b), out), f"prepacked {fmt.name} {M}x{N}x{K}"
-    print(f"check: prepacked fp8, MXINT8 and fp6 (piece layout) match the exact product and the "
+    print(f"check: prepacked fp8, MXINT8 and fp6 (MMA layout) match the exact product and the "
           f"standard layout's kernel bit for bit, repeat calls bit-identical ({device_name})")
 
 
 def prepacked_parts(w):
-    """The parts MXInferenceLinear.prepack() makes of an MX weight: the fragment layout's for
-    MXFP4 (with its fold flag), the piece layout's for the other formats; split-K counters."""
+    """The parts MXInferenceLinear.prepack() makes of an MX weight: the fp4 wgmma layout's for
+    MXFP4 (with its fold flag), the MMA layout's for the other formats; split-K counters."""
     counters = torch.zeros(w.shape[0] // 64, dtype=torch.int32, device=w.device)
     if w.elem_dtype == dtypes.float4_e2m1:
-        codes, scales = fragment_layout.preshuffle(w._scale_e8m0, w._data)
-        return codes, scales, counters, fragment_layout.fold_scales(w._scale_e8m0)
-    return (*piece_layout.pack(w._scale_e8m0, w._data, w.elem_dtype), counters)
+        codes, scales = fp4_wgmma_layout.preshuffle(w._scale_e8m0, w._data)
+        return codes, scales, counters, fp4_wgmma_layout.fold_scales(w._scale_e8m0)
+    return (*mma_layout.pack(w._scale_e8m0, w._data, w.elem_dtype), counters)
 
 
 def prepacked_linear(x, w, parts, bias=None):
@@ -210,11 +210,11 @@ def time_configs(configs, run, x, ws, label):
 
 
 def fragment_configs(M):
-    """Tiles of the fragment kernel worth timing for M activation rows (FragmentConfig)."""
+    """Tiles of the fp4 wgmma kernel worth timing for M activation rows (Fp4WgmmaConfig)."""
     block_m = km.block_m_for(M)
     tiles = [(1, 2, 6, 4), (1, 2, 8, 4), (1, 2, 12, 4), (1, 4, 8, 4), (2, 2, 4, 4), (2, 2, 6, 4),
              (2, 2, 8, 4), (2, 2, 4, 8), (2, 2, 8, 8), (4, 2, 4, 8)]
-    return [fm.FragmentConfig(block_m, v, u, split, warps, stages)
+    return [fm.Fp4WgmmaConfig(block_m, v, u, split, warps, stages)
             for (v, u, split, warps), stages in itertools.product(tiles, (2, 3))]
 
 
@@ -224,7 +224,7 @@ def fragment_sweep(Ms, N, K):
     for M in Ms:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         default = fm.default_config(M, N, K, x.device)
-        rows = time_configs(fragment_configs(M) + [default], lambda i, cfg: fm.fragment_linear(
+        rows = time_configs(fragment_configs(M) + [default], lambda i, cfg: fm.fp4_wgmma_linear(
             x, *parts[i][:3], N, parts[i][3], None, cfg), x, ws, f"fragment M={M}")
         for t, cfg in rows[:6] + [r for r in rows[6:] if r[1] == default][:1]:
             tag = "  (default)" if cfg == default else ""

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_gpu_matmul import (ROTATE, check, make_weights, prepacked_kernel_runs,  # noqa: E402
                               prepacked_linear, prepacked_parts, read_floor_us)
 from torchmx import MXTensor, dtypes  # noqa: E402
-from torchmx.kernels.layouts import stream_layout  # noqa: E402
+from torchmx.kernels.layouts import tma_stream_layout  # noqa: E402
 from torchmx.kernels.linear import stream_matmul  # noqa: E402
 from torchmx.mx_ops import stream_linear as stream_op  # noqa: E402
 from _timing import graph_time_us, interleaved_us  # noqa: E402
@@ -57,8 +57,9 @@ RINGS = [(2, 2), (4, 1), (4, 2), (6, 1), (6, 2), (8, 1), (8, 2)]
 
 def parts(w):
     """What MXInferenceLinear.prepack() makes: the stream codes, scales and split-K counters."""
-    counters = torch.zeros(w.shape[0] // stream_layout.CHUNK, dtype=torch.int32, device=w.device)
-    return (*stream_layout.pack(w._scale_e8m0, w._data, w.elem_dtype), counters)
+    counters = torch.zeros(w.shape[0] // tma_stream_layout.CHUNK, dtype=torch.int32,
+                           device=w.device)
+    return (*tma_stream_layout.pack(w._scale_e8m0, w._data, w.elem_dtype), counters)
 
 
 def stream_op_call(x, w, p, bias=None):

@@ -9,8 +9,8 @@ Both models run under torch.compile; one decode step is captured in a CUDA graph
 median replay time is reported. The MX model is the bf16 one after
 `torchmx.quantize_linear_` with MXFP4 weights (activations stay bf16): every projection runs
 the fused MX-weight kernel. With batch 2..64 a third model has its layers prepacked
-(`torchmx.nn.prepack_weights`: the stream-layout kernel on Hopper with Gluon, else the
-fragment-layout one; its memory includes the
+(`torchmx.nn.prepack_weights`: the TMA stream-layout kernel on Hopper with Gluon, else the
+fp4 wgmma-layout one; its memory includes the
 second copy of the weights); on Hopper it is timed again with the stream kernel launched
 without programmatic dependent launch (stream_matmul.USE_PDL False).
 """

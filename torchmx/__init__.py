@@ -17,6 +17,9 @@ __all__ = ["MXTensor", "dtypes", "numerics", "ops", "__version__"]
 from .config import MXConfig, QAttentionConfig, QLinearConfig, QLinearGradConfig  # noqa: E402
 from .nn import MXInferenceLinear, MXLinear  # noqa: E402
 from .quant_api import prepare_qat_, quantize_linear_, quantize_llm_  # noqa: E402
+# Every torchmx operator exists once torchmx is imported (a saved torch.export program that
+# calls one loads in a fresh process): the routed-experts operator too.
+from .mx_ops import routed_linear as _routed_linear  # noqa: E402,F401
 
 __all__ += ["MXConfig", "QLinearConfig", "QLinearGradConfig", "QAttentionConfig", "MXLinear",
             "MXInferenceLinear", "quantize_linear_", "prepare_qat_", "quantize_llm_"]

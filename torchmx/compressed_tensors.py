@@ -18,8 +18,9 @@ directions only rename and re-view tensors: bit-exact.
 - `to_torchmx(tensors, quantization_config)`: a compressed-tensors state dict -> the state
   dict of MXInferenceLinear layers (`weight_data`, `weight_scale`, `_extra_state`).
 - `from_torchmx(state)`: the reverse -> (tensors, quantization_config).
-- `save_pretrained(model, path)` / `from_pretrained(path, **kwargs)`: whole checkpoints
-  (config.json and one model.safetensors; transformers loads the model).
+- `save_pretrained(model, path, max_shard_size="5GB")` / `from_pretrained(path, **kwargs)`:
+  whole checkpoints (config.json and safetensors shards with transformers' index file when
+  there are several, each module's tensors in one shard; transformers loads the model).
 
 Dynamic MX activations ("input_activations" with dynamic true, the same MX args) map to
 `activations_config` with scale_mode "even": compressed-tensors rounds a block's amax to the
@@ -28,6 +29,7 @@ mantissa bit, where torchmx's "even" mode keeps E4M3's three: those activation s
 differ). Weights are bytes and always match.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -198,19 +200,76 @@ def _untied(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     return out
 
 
-def save_pretrained(model, path) -> None:
+_SIZE_UNITS = {"B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
+               "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def _size_in_bytes(size) -> int:
+    """max_shard_size as bytes: an int, or a string as transformers takes it ("5GB" = 5 * 10**9
+    bytes, "500MiB" = 500 * 2**20)."""
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*", str(size).upper())
+    if isinstance(size, str) and match and float(match.group(1)) > 0:
+        return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    raise ValueError(f"max_shard_size must be a positive number of bytes or a size such as "
+                     f"'5GB' or '500MiB', got {size!r}")
+
+
+def _layer(key: str) -> str:
+    """The module a tensor belongs to (its name up to the last dot)."""
+    return key.rpartition(".")[0]
+
+
+def _shards(tensors: Dict[str, torch.Tensor], max_bytes: int) -> list:
+    """The tensors split into shards of at most max_bytes each, in key order, every module's
+    tensors in one shard (a module larger than max_bytes gets a shard of its own)."""
+    modules: Dict[str, Dict[str, torch.Tensor]] = {}
+    for key, t in tensors.items():
+        modules.setdefault(_layer(key), {})[key] = t
+    shards, current, size = [], {}, 0
+    for group in modules.values():
+        group_size = sum(t.numel() * t.element_size() for t in group.values())
+        if current and size + group_size > max_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current.update(group)
+        size += group_size
+    if current or not shards:
+        shards.append(current)
+    return shards
+
+
+def save_pretrained(model, path, max_shard_size="5GB") -> None:
     """Write a transformers model with MXInferenceLinear layers as a compressed-tensors
-    checkpoint: config.json (the model's config, quantization_config replaced) and
-    model.safetensors (one file)."""
+    checkpoint: config.json (the model's config, quantization_config replaced) and its tensors
+    in safetensors shards of at most `max_shard_size` (bytes, or "5GB", "500MiB", ...), each
+    module's tensors in one shard: `model.safetensors` when one shard holds them all, else
+    `model-0000i-of-0000n.safetensors` and `model.safetensors.index.json` (total size and the
+    shard of every tensor), as transformers writes them."""
     from safetensors.torch import save_file
 
+    max_bytes = _size_in_bytes(max_shard_size)
     tensors, quantization_config = from_torchmx(model.state_dict())
     os.makedirs(path, exist_ok=True)
     config = model.config.to_dict()
     config["quantization_config"] = quantization_config
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
-    save_file(_untied(tensors), os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    shards = _shards(_untied(tensors), max_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+        total += sum(t.numel() * t.element_size() for t in shard.values())
+    with open(os.path.join(path, INDEX_NAME), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2,
+                  sort_keys=True)
 
 
 def from_pretrained(path, model_class=None, **kwargs):
@@ -231,17 +290,26 @@ def from_pretrained(path, model_class=None, **kwargs):
         config = json.load(f)
     quantization_config = config.get("quantization_config")
     shards = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
+        files = {shard: stack.enter_context(safe_open(os.path.join(path, shard), framework="pt"))
+                 for shard in shards}
+        where = {key: shard for shard, f in files.items() for key in f.keys()}
+        # Each module is converted with its tensors together, into the shard that holds its
+        # first tensor (another writer may have split a module's tensors across shards).
+        owner: Dict[str, str] = {}
+        for key, shard in where.items():
+            owner.setdefault(_layer(key), shard)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
         weight_map = {}
-        for shard in shards:  # one shard in memory at a time
-            with safe_open(os.path.join(path, shard), framework="pt") as f:
-                tensors = to_torchmx({key: f.get_tensor(key) for key in f.keys()},
-                                     quantization_config)
+        for shard in shards:  # one shard's tensors in memory at a time
+            keys = [key for key in where if owner[_layer(key)] == shard]
+            tensors = to_torchmx({key: files[where[key]].get_tensor(key) for key in keys},
+                                 quantization_config)
             save_file(tensors, os.path.join(tmp, shard), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, shard))
             del tensors
         if len(shards) > 1:  # the shards keep their names, the index gets the new keys
-            with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+            with open(os.path.join(tmp, INDEX_NAME), "w") as f:
                 json.dump({"metadata": {}, "weight_map": weight_map}, f)
         config["quantization_config"] = TorchMXConfig().to_dict()
         with open(os.path.join(tmp, "config.json"), "w") as f:

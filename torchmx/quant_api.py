@@ -285,7 +285,9 @@ def quantize_llm_(
       MX (q.k^T with blocks along head_dim, probs.v with blocks along the sequence), by
       switching the model's attention implementation from "eager"/"sdpa" to
       "torchmx_eager"/"torchmx_sdpa" (registered with transformers' AttentionInterface; the
-      masks stay those of the original implementation).
+      masks stay those of the original implementation). The modules and their config are
+      recorded in `model.config.torchmx_attention`, which save_pretrained writes to config.json
+      and TorchMXConfig's quantizer applies again when the model loads.
 
     `qattention_config`: a QAttentionConfig, or a linear config (QLinearConfig, MXConfig or
     format name) for the projections alone; `qmlp_config`: a linear config (None: the
@@ -331,6 +333,8 @@ def quantize_llm_(
             setattr(attention[name], mx_attention.CONFIG_ATTRIBUTE, qattention_config)
         if implementation in mx_attention.MX_IMPLEMENTATIONS:
             model.set_attn_implementation(mx_attention.MX_IMPLEMENTATIONS[implementation])
+        if mx_modules:
+            mx_attention.record_attention(model, mx_modules, qattention_config)
 
     summary = _swap_linears(model, _is_float_linear, select, make, progress,
                             "torchmx: quantizing LLM", before_apply=enable_attention)

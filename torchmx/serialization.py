@@ -64,8 +64,8 @@ def save_safetensors(model: nn.Module, path: PathLike, *,
                              f"'torchmx.'; got {key!r}: {type(value).__name__}")
     tensors, extra, aliases, seen = {}, {}, {}, {}
     for key, value in model.state_dict().items():
-        if key.endswith(_EXTRA_STATE_SUFFIX):  # stored as JSON in the header, as it was
-            extra[key] = extra_state.decode(value)  # before layers kept it as a tensor
+        if key.endswith(_EXTRA_STATE_SUFFIX):  # stored as JSON in the header (the layer's
+            extra[key] = extra_state.decode(value)  # tensor of JSON text, or an older dict)
             continue
         if type(value) is not torch.Tensor:
             raise TypeError(f"state_dict entry {key!r} is a {type(value).__name__}; safetensors "

@@ -1,4 +1,4 @@
-"""MXAllGatherWeight in one process: its FSDP2 hooks called directly (the shards' buffers
+"""MXAllGatherWeight in one process: its FSDP2 hooks called directly (the shards' inputs
 concatenated as an all-gather would), for every format, and the wrapped weight in MXLinear.
 The 2-rank runs are in tests/distributed/test_distributed.py."""
 
@@ -22,37 +22,43 @@ class Mesh:
 
 
 def gather(weight, config, ranks, param_dtype=None):
-    """The hooks' round trip: each rank's rows through fsdp_pre_all_gather, the buffers
-    concatenated along dim 0, rank 0's fsdp_post_all_gather."""
+    """The hooks' round trip: each rank's rows through fsdp_pre_all_gather, each input
+    concatenated along dim 0 over the ranks as an all-gather would (the outputs FSDP2 hands to
+    fsdp_post_all_gather), rank 0's shard and metadata."""
     shards = [MXAllGatherWeight(s, config) for s in weight.chunk(ranks, dim=0)]
     policy = SimpleNamespace(param_dtype=param_dtype)
     inputs = [s.fsdp_pre_all_gather(Mesh(ranks), weight.shape, weight.stride(), None, policy)
               for s in shards]
-    buffers = torch.cat([i[0][0] for i in inputs])
-    return shards[0], buffers, inputs[0][1]
+    outputs = tuple(torch.cat(parts) for parts in zip(*(i[0] for i in inputs)))
+    return shards[0], outputs, inputs[0][1]
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 def test_gathered_weight_is_the_whole_weight_quantized(fmt):
     config = MXConfig(fmt.name, 32)
     weight = wide_range_input((8, 96), torch.float32, seed=3)
-    shard, buffer, metadata = gather(weight, config, ranks=2)
-    gathered, inner = shard.fsdp_post_all_gather((buffer,), metadata, torch.float32)
+    shard, outputs, metadata = gather(weight, config, ranks=2)
+    expected = tuple(o.clone() for o in outputs)
+    gathered, inner = shard.fsdp_post_all_gather(outputs, metadata, torch.float32)
     scale, data = config.quantize(weight, -1)
     assert isinstance(gathered, MXTensor) and gathered.shape == weight.shape
     assert torch.equal(gathered._scale_e8m0, scale) and torch.equal(gathered._data, data)
-    # FSDP2 frees the inner tensors after use and writes the next gather into them (out=)
-    for t in inner:
+    # no copy: the MXTensor holds the gathered tensors themselves
+    assert [t.data_ptr() for t in inner] == [o.data_ptr() for o in outputs]
+    # FSDP2 frees them after use and gathers the next step into the same tensors (out=)
+    for t in outputs:
         t.zero_()
-    assert shard.fsdp_post_all_gather((buffer,), metadata, torch.float32, out=gathered) is None
+    for t, e in zip(outputs, expected):
+        t.copy_(e)
+    assert shard.fsdp_post_all_gather(outputs, metadata, torch.float32, out=gathered) is None
     assert torch.equal(gathered._scale_e8m0, scale) and torch.equal(gathered._data, data)
 
 
 def test_mixed_precision_quantizes_the_cast_weight():
     config = MXConfig("float4_e2m1")
     weight = torch.randn(4, 64)
-    shard, buffer, metadata = gather(weight, config, ranks=2, param_dtype=torch.bfloat16)
-    gathered, _ = shard.fsdp_post_all_gather((buffer,), metadata, torch.bfloat16)
+    shard, outputs, metadata = gather(weight, config, ranks=2, param_dtype=torch.bfloat16)
+    gathered, _ = shard.fsdp_post_all_gather(outputs, metadata, torch.bfloat16)
     scale, data = config.quantize(weight.bfloat16(), -1)
     assert gathered.dtype == torch.bfloat16
     assert torch.equal(gathered._scale_e8m0, scale) and torch.equal(gathered._data, data)
@@ -70,15 +76,29 @@ def test_uneven_rows_gather_padded_high_precision():
     assert type(out) is torch.Tensor and inner == () and torch.equal(out[:7], weight)
 
 
+def test_one_rank_shard_group_sends_the_weight_itself():
+    """FSDP2 copies a single input where the shard group is one rank: nothing travels, so
+    the weight goes as is and the layer quantizes it (as without the wrapper)."""
+    weight = torch.randn(4, 64)
+    shard = MXAllGatherWeight(weight, MXConfig("float4_e2m1"))
+    policy = SimpleNamespace(param_dtype=torch.bfloat16)
+    (sent,), metadata = shard.fsdp_pre_all_gather(Mesh(1), weight.shape, weight.stride(), None,
+                                                  policy)
+    assert metadata is None and sent.dtype == torch.bfloat16 and torch.equal(sent, weight.bfloat16())
+    out, inner = shard.fsdp_post_all_gather((sent,), None, torch.bfloat16)
+    assert out is sent and inner == ()
+
+
 def test_a_write_requantizes():
     shard = MXAllGatherWeight(torch.randn(4, 64), MXConfig("float8_e4m3"))
-    first = shard.fsdp_pre_all_gather(Mesh(1), shard.shape, shard.stride(), None, None)[0][0]
-    again = shard.fsdp_pre_all_gather(Mesh(1), shard.shape, shard.stride(), None, None)[0][0]
+    whole = (8, 64)  # this shard's 4 rows of 2 ranks'
+    first = shard.fsdp_pre_all_gather(Mesh(2), whole, (64, 1), None, None)[0]
+    again = shard.fsdp_pre_all_gather(Mesh(2), whole, (64, 1), None, None)[0]
     assert again is first  # the backward's re-gather reuses the forward's bytes
     shard.add_(1.0)
-    updated = shard.fsdp_pre_all_gather(Mesh(1), shard.shape, shard.stride(), None, None)[0][0]
+    codes, scales = shard.fsdp_pre_all_gather(Mesh(2), whole, (64, 1), None, None)[0]
     scale, data = MXConfig("float8_e4m3").quantize(shard.hp, -1)
-    assert torch.equal(updated, torch.cat([data, scale], 1))
+    assert torch.equal(codes, data.view(torch.uint8)) and torch.equal(scales, scale)
 
 
 def test_wrapped_mxlinear_trains_like_the_plain_one():

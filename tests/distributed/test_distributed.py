@@ -3,13 +3,15 @@
 
 - FSDP2 QAT with MX all-gather: losses and parameters bit-identical to one process on the same
   global batch (as two micro-batches, so the fp32 sums run in the same order); the gathered
-  weight is an MXTensor sent as one uint8 buffer per row (codes + scales).
+  weight is an MXTensor sent as its uint8 codes and scales.
 - DDP QAT: the same.
 - distributed checkpoint: the FSDP2 run saved on 2 ranks resumes on 1, bit-identically; a
   tensor-parallel model saved on 2 ranks loads into a plain one.
 - tensor parallel MXInferenceLinear: column-wise outputs bit-identical, row-wise (and a
   column-wise/row-wise pair) bit-identical where the sums are exact, else within fp32 rounding.
-- docs/distributed.md's QAT script (trains, saves, resumes) and tensor-parallel MLP run.
+- docs/distributed.md's QAT script (trains, saves, resumes) and tensor-parallel MLPs run.
+- FSDP2 MX-QAT on 2-d meshes (HSDP) and with compiled layers; tensor parallel MXLinear QAT
+  (parallelize_module), against one process.
 """
 
 import os
@@ -92,10 +94,11 @@ def test_fsdp2_qat_matches_one_process(ranks, fmt):
 def test_fsdp2_gathers_mx_bytes_where_rows_shard_evenly(ranks, fmt):
     _, results = ranks
     got = results[0]["fsdp"][fmt]
-    # 128 rows: 64 per rank, each its packed codes and its 2 scale bytes (64 features);
+    # 128 rows: 64 per rank, their packed codes and their 2 scale bytes each (64 features);
     # 9 rows: uneven, gathered in high precision (5 padded rows per rank)
     codes = {"float8_e4m3": 64, "float4_e2m1": 32}[fmt]
-    assert got["gathered_shapes"] == [torch.Size([64, codes + 2]), torch.Size([5, 128])]
+    assert got["gathered_shapes"] == [[torch.Size([64, codes]), torch.Size([64, 2])],
+                                      [torch.Size([5, 128])]]
     assert got["forward_weights"][:2] == ["MXTensor", "Parameter"]
     assert len(got["forward_weights"]) == 2 * w.STEPS
 
@@ -129,6 +132,52 @@ def test_fsdp2_checkpoint_on_2_ranks_resumes_on_1(ranks, fmt):
             assert_equal_bits(losses[rank], results[rank]["fsdp"][fmt]["losses"][step])
     for name, p in model.named_parameters():
         assert_equal_bits(p.detach(), results[0]["fsdp"][fmt]["params"][name])
+
+
+@pytest.mark.parametrize("shape", [(1, w.WORLD), (w.WORLD, 1)], ids=["shard2", "replicate2"])
+def test_hsdp_qat_matches_one_process(ranks, shape):
+    _, results = ranks
+    model, losses = reference_run("float4_e2m1")
+    for rank, result in enumerate(results):
+        got = result["hsdp"][shape]
+        for step in range(w.STEPS):
+            assert_equal_bits(got["losses"][step], losses[step][rank])
+        for name, p in model.named_parameters():
+            assert_equal_bits(got["params"][name], p.detach())
+
+
+def test_fsdp2_qat_compiled_matches_eager(ranks):
+    """torch.compile around FSDP2's MX all-gather hooks: the same losses as the eager run."""
+    _, results = ranks
+    for result in results:
+        compiled = result["fsdp_compiled"]["losses"]
+        eager = result["fsdp"]["float4_e2m1"]["losses"][:len(compiled)]
+        for got, expected in zip(compiled, eager):
+            assert_equal_bits(got, expected)
+
+
+@pytest.mark.parametrize("fmt, integer_valued", w.TP_QAT_CASES,
+                         ids=[f"{fmt}-{'exact_sums' if exact else 'random'}"
+                              for fmt, exact in w.TP_QAT_CASES])
+def test_tensor_parallel_qat_matches_one_process(ranks, fmt, integer_valued):
+    """Column-wise then row-wise MXLinear QAT on 2 ranks (parallelize_module): the column-wise
+    layer's output columns are one process's bits; what depends on the row-wise partial sums
+    (the output, hence every gradient) is too where the sums are exact, else within fp32
+    rounding of it."""
+    _, results = ranks
+    expected = w.qat_forward_backward(w.tp_qat_model(fmt, integer_valued),
+                                      w.tp_input(integer_valued))
+    for rank, result in enumerate(results):
+        got = result["tp_qat"][fmt, integer_valued]
+        assert got["local_weights"] == [(64, 64), (64, 64)]  # each rank holds half
+        assert_equal_bits(got["hidden"], expected["hidden"][:, rank * 64:(rank + 1) * 64])
+        pairs = [(got["output"], expected["output"]), (got["input_grad"], expected["input_grad"])]
+        pairs += [(got["grads"][n], g) for n, g in expected["grads"].items()]
+        for g, e in pairs:
+            if integer_valued:
+                assert_equal_bits(g, e)
+            else:
+                torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1"])
@@ -211,6 +260,10 @@ def test_docs_tensor_parallel_mlp(ranks):
     _, results = ranks
     outputs = [r["docs"]["mlp_output"] for r in results]
     assert outputs[0].shape == (3, 1024) and torch.equal(outputs[0], outputs[1])
+    expected = w.qat_forward_backward(w.tp_qat_model("float8_e4m3", False), w.tp_input(False))
+    for result in results:  # the QAT pair: row-wise sums in another order
+        torch.testing.assert_close(result["docs"]["qat_mlp_output"], expected["output"],
+                                   rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name, error, message", [

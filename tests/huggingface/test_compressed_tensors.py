@@ -137,7 +137,8 @@ def test_what_compressed_tensors_cannot_hold(qconfig, words):
         ct.from_torchmx(model.state_dict())
 
 
-def test_model_round_trip(tmp_path):
+def mixed_llama():
+    """A tiny Llama with MXFP4 MLPs, MXFP8 q/k and MXFP6 v/o projections (MXFP8 activations)."""
     transformers = pytest.importorskip("transformers")
     from torchmx.quant_api import OUTPUT_HEADS, quantize_linear_
 
@@ -151,6 +152,20 @@ def test_model_round_trip(tmp_path):
     quantize_linear_(model, QLinearConfig(MXConfig("float6_e2m3"),
                                           MXConfig("float8_e4m3", scale_mode="even")),
                      include="v_proj|o_proj")
+    return model
+
+
+def assert_same_model(model, loaded):
+    a, b = model.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys()
+    assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, loaded(tokens).logits)
+
+
+def test_model_round_trip(tmp_path):
+    model = mixed_llama()
     ct.save_pretrained(model, tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
     assert saved["format"] == "mixed-precision" and len(saved["config_groups"]) == 3
@@ -158,10 +173,44 @@ def test_model_round_trip(tmp_path):
         assert f.get_tensor("model.layers.0.mlp.up_proj.weight_packed").shape == (128, 32)
         assert f.get_tensor("model.layers.0.self_attn.q_proj.weight").dtype == torch.float8_e4m3fn
         assert f.get_tensor("model.layers.0.self_attn.v_proj.weight_scale").shape == (32, 2)
-    loaded = ct.from_pretrained(tmp_path, dtype=torch.float32)
-    a, b = model.state_dict(), loaded.state_dict()
-    assert a.keys() == b.keys()
-    assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
-    tokens = torch.tensor([[1, 2, 3, 4]])
-    with torch.no_grad():
-        assert torch.equal(model(tokens).logits, loaded(tokens).logits)
+    assert_same_model(model, ct.from_pretrained(tmp_path, dtype=torch.float32))
+
+
+def test_sharded_round_trip(tmp_path):
+    """max_shard_size splits the tensors into shards (each module's tensors in one) with
+    transformers' index file; they load back bit for bit, also when another writer put a
+    module's tensors in two shards."""
+    from safetensors.torch import load_file, save_file
+
+    model = mixed_llama()
+    ct.save_pretrained(model, tmp_path, max_shard_size="40KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert not (tmp_path / "model.safetensors").exists()
+    total, keys = 0, set()
+    for shard in shards:
+        tensors = load_file(tmp_path / shard)
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        modules = {key.rpartition(".")[0] for key in tensors}
+        assert size <= 40_000 or len(modules) == 1
+        assert all(index["weight_map"][key] == shard for key in tensors)
+        total, keys = total + size, keys | tensors.keys()
+    assert keys == index["weight_map"].keys() and index["metadata"]["total_size"] == total
+    assert_same_model(model, ct.from_pretrained(tmp_path, dtype=torch.float32))
+
+    # a module split over two shards
+    moved = next(key for key in index["weight_map"] if key.endswith(".weight_scale")
+                 and index["weight_map"][key] != shards[-1])
+    a, b = index["weight_map"][moved], shards[-1]
+    first, last = load_file(tmp_path / a), load_file(tmp_path / b)
+    last[moved] = first.pop(moved)
+    save_file(first, tmp_path / a)
+    save_file(last, tmp_path / b)
+    assert_same_model(model, ct.from_pretrained(tmp_path, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("size", [0, -3, "5XB", "GB", None, 1.5])
+def test_bad_max_shard_size(size, tmp_path):
+    with pytest.raises(ValueError, match="max_shard_size"):
+        ct.save_pretrained(mixed_llama(), tmp_path, max_shard_size=size)

@@ -102,6 +102,37 @@ def test_quantize_llm_model_saved_with_its_layer_configs(float_checkpoint, tmp_p
     assert torch.equal(logits(model), logits(reloaded))
 
 
+def test_quantize_llm_attention_matmuls_saved_and_restored(float_checkpoint, tmp_path):
+    """quantize_llm_'s MX attention matmuls (q/k/v/probs configs) travel in config.json and are
+    applied again by from_pretrained: the same modules, config and implementation, the same
+    logits bit for bit; a config naming a module the model lacks is a ValueError."""
+    from torchmx.config import QAttentionConfig
+    from torchmx.nn import attention as mx_attention
+
+    fp8 = MXConfig("float8_e4m3")
+    attention = QAttentionConfig(QLinearConfig(fp8), fp8, MXConfig("float8_e5m2"), fp8, fp8)
+    model = AutoModelForCausalLM.from_pretrained(float_checkpoint, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    quantize_llm_(model, attention, "mxfp4", exclude=[OUTPUT_HEADS, r"layers\.1\.self_attn$"])
+    model.config.quantization_config = TorchMXConfig(modules_to_not_convert=["lm_head"])
+    model.save_pretrained(tmp_path / "mx")
+    saved = json.loads((tmp_path / "mx" / "config.json").read_text())
+    assert saved[mx_attention.MODEL_CONFIG_KEY] == {"modules": ["model.layers.0.self_attn"],
+                                                    "config": attention.to_dict()}
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "mx", dtype=torch.float32,
+                                                    attn_implementation="sdpa")
+    assert reloaded.config._attn_implementation == "torchmx_sdpa"
+    layers = reloaded.model.layers
+    assert getattr(layers[0].self_attn, mx_attention.CONFIG_ATTRIBUTE) == attention
+    assert not hasattr(layers[1].self_attn, mx_attention.CONFIG_ATTRIBUTE)
+    assert torch.equal(logits(model), logits(reloaded))
+
+    saved[mx_attention.MODEL_CONFIG_KEY]["modules"] = ["model.layers.7.self_attn"]
+    (tmp_path / "mx" / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="model.layers.7.self_attn"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "mx", dtype=torch.float32)
+
+
 def test_torchao_config_path_raises_a_clear_error(float_checkpoint, caplog, monkeypatch):
     pytest.importorskip("torchao")
     from transformers import TorchAoConfig

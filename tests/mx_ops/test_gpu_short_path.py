@@ -89,7 +89,7 @@ def test_stream_plan_is_the_operator(fmt, bias):
     layer = torchmx.MXInferenceLinear.from_float(linear, QLinearConfig(MXConfig(fmt), None))
     layer.prepack()
     if layer._fragment_layout != "stream":
-        pytest.skip("no stream layout on this GPU / Triton")
+        pytest.skip("no TMA stream layout on this GPU / Triton")
     b = None if layer.bias is None else layer.bias.detach()
     base = torch.randn(64 * 1024 + 8, device="cuda", dtype=torch.bfloat16)
     for rows, offset in [(1, 0), (2, 0), (16, 0), (16, 8), (64, 0), (1, 0), (16, 0)]:
@@ -149,7 +149,7 @@ def test_launch_keys_refine_tritons(monkeypatch):
     from triton.runtime.jit import compute_cache_key
 
     from torchmx.kernels import _launch
-    from torchmx.kernels.linear import fragment_matmul
+    from torchmx.kernels.linear import fp4_wgmma_matmul
     from torchmx.kernels.quantize import triton_backend
 
     triton_keys = {}
@@ -181,7 +181,7 @@ def test_launch_keys_refine_tritons(monkeypatch):
             assert triton_keys.setdefault(ours, triton_key) == triton_key, kernel.fn.__name__
         return real_launch(kernel, grid, *args, **kwargs)
 
-    for module in (_launch, fragment_matmul, triton_backend):
+    for module in (_launch, fp4_wgmma_matmul, triton_backend):
         monkeypatch.setattr(module, "launch", checked)
     monkeypatch.setattr(_launch.Launch, "__call__", checked_call)
     torch.manual_seed(3)

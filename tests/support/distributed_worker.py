@@ -18,6 +18,8 @@ STEPS = 3            # QAT steps per run; the checkpoint is saved after SAVE_AFT
 SAVE_AFTER = 2
 MICRO_BATCH = 4      # rows per rank and step; the global batch is WORLD * MICRO_BATCH
 QAT_FORMATS = ("float8_e4m3", "float4_e2m1")
+# tensor parallel QAT: (weights format, integer-valued model and input: exact sums)
+TP_QAT_CASES = (("float4_e2m1", False), ("float8_e4m3", True))
 
 
 def qat_model(fmt: str) -> nn.Module:
@@ -80,6 +82,34 @@ def tp_input(integer_valued: bool, features: int = 64) -> torch.Tensor:
     return torch.randn(5, features, generator=g)
 
 
+def tp_qat_model(fmt: str, integer_valued: bool) -> nn.Module:
+    """An MLP of two MXLinear layers (64 -> 128 -> 64) for column-wise then row-wise tensor
+    parallel QAT; `integer_valued` as in tp_model (MXFP8 activations, exact on small integers)."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    if integer_valued:
+        with torch.no_grad():
+            for layer in (model[0], model[2]):
+                layer.weight.copy_(torch.randint(-3, 4, layer.weight.shape))
+                layer.bias.copy_(torch.randint(-3, 4, layer.bias.shape))
+    torchmx.prepare_qat_(model, QLinearConfig(weights_config=MXConfig(fmt),
+                                              activations_config=MXConfig("float8_e4m3")),
+                         progress=False)
+    return model
+
+
+def qat_forward_backward(model, x):
+    """{"hidden": the first layer's output, "output", "input_grad", "grads": parameter
+    gradients} of one forward and backward."""
+    x = x.clone().requires_grad_()
+    seen = []
+    model[0].register_forward_hook(lambda module, args, out: seen.append(out.detach()))
+    y = model(x)
+    y.square().sum().backward()
+    return {"hidden": seen[0], "output": y.detach(), "input_grad": x.grad,
+            "grads": {n: p.grad for n, p in model.named_parameters()}}
+
+
 # ------------------------------------------------------------------------------ the ranks
 
 def run_rank(rank: int, out: str, port: int) -> None:
@@ -88,7 +118,10 @@ def run_rank(rank: int, out: str, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         results = {"fsdp": {fmt: fsdp_qat(rank, fmt, out) for fmt in QAT_FORMATS},
+                   "fsdp_compiled": fsdp_qat_compiled(rank),
+                   "hsdp": {shape: hsdp_qat(rank, shape) for shape in ((1, WORLD), (WORLD, 1))},
                    "ddp": ddp_qat(rank), "tp": tensor_parallel(rank, out),
+                   "tp_qat": tensor_parallel_qat(),
                    "fsdp_inference": fsdp_inference(out),
                    "docs": docs_snippets(out), "errors": argument_errors()}
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
@@ -116,8 +149,8 @@ def fsdp_qat(rank, fmt, out):
     losses = []
     for step in range(STEPS):
         if step == 0:
-            gathered = [p._local_tensor.fsdp_pre_all_gather(
-                            p.device_mesh, p.shape, p.stride(), None, None)[0][0].shape
+            gathered = [[t.shape for t in p._local_tensor.fsdp_pre_all_gather(
+                            p.device_mesh, p.shape, p.stride(), None, None)[0]]
                         for p in model.parameters() if p.dim() == 2]
         loss = loss_of(model, batch(step, rank))
         loss.backward()
@@ -131,6 +164,81 @@ def fsdp_qat(rank, fmt, out):
     params = {name: p.full_tensor() for name, p in model.named_parameters()}
     return {"wrapped": wrapped, "losses": losses, "params": params,
             "forward_weights": forward_weights, "gathered_shapes": gathered}
+
+
+def hsdp_qat(rank, shape):
+    """FSDP2 MX-QAT on a 2-d (replicate, shard) mesh, HSDP: (1, 2) gathers MX bytes over the
+    shard dim; (2, 1) makes the ranks unsharded replicas whose gradients are all-reduced (the
+    hooks then see a shard group of one rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from torchmx.distributed import enable_mx_all_gather
+
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+    model = qat_model("float4_e2m1")
+    enable_mx_all_gather(model)
+    for layer in model:
+        if isinstance(layer, torchmx.MXLinear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = optimizer(model.parameters())
+    losses = []
+    for step in range(STEPS):
+        loss = loss_of(model, batch(step, rank))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return {"losses": losses,
+            "params": {name: p.full_tensor() for name, p in model.named_parameters()}}
+
+
+def fsdp_qat_compiled(rank):
+    """FSDP2 MX-QAT with each MXLinear compiled (`module.compile`, aot_eager: the graph
+    torch.compile captures, run without code generation) around the MX all-gather hooks."""
+    from torch.distributed.fsdp import fully_shard
+
+    from torchmx.distributed import enable_mx_all_gather
+
+    torch._dynamo.reset()
+    model = qat_model("float4_e2m1")
+    enable_mx_all_gather(model)
+    for layer in model:
+        if isinstance(layer, torchmx.MXLinear):
+            fully_shard(layer)
+            layer.compile(backend="aot_eager", fullgraph=True)
+    fully_shard(model)
+    opt = optimizer(model.parameters())
+    losses = []
+    for step in range(2):
+        loss = loss_of(model, batch(step, rank))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return {"losses": losses}
+
+
+def tensor_parallel_qat():
+    """MXLinear QAT under PyTorch's tensor parallelism: the first layer column-wise, the
+    second row-wise (parallelize_module); one forward and backward per case."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    import torchmx.distributed  # noqa: F401  (registers the ops' sharding rules)
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    results = {}
+    for fmt, integer_valued in TP_QAT_CASES:
+        model = parallelize_module(tp_qat_model(fmt, integer_valued), mesh,
+                                   {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        seen = qat_forward_backward(model, tp_input(integer_valued))
+        seen["grads"] = {n: g.full_tensor() for n, g in seen["grads"].items()}
+        seen["local_weights"] = [tuple(model[i].weight.to_local().shape) for i in (0, 2)]
+        results[fmt, integer_valued] = seen
+    return results
 
 
 def ddp_qat(rank):
@@ -244,7 +352,9 @@ def docs_snippets(out):
     mlp = namespace["parallel_mlp"]("cpu")
     with torch.no_grad():
         y = mlp(torch.randn(3, 1024, generator=torch.Generator().manual_seed(0)))
-    return {"printed": printed.getvalue(), "mlp_output": y}
+    qat_mlp = namespace["parallel_qat_mlp"](tp_qat_model("float8_e4m3", False), "cpu")
+    qat = qat_forward_backward(qat_mlp, tp_input(False))
+    return {"printed": printed.getvalue(), "mlp_output": y, "qat_mlp_output": qat["output"]}
 
 
 def argument_errors():

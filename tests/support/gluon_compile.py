@@ -25,7 +25,7 @@ import triton
 
 from torchmx import dtypes
 from torchmx.kernels.linear import mx_gemm, stream_matmul
-from torchmx.kernels.layouts import stream_layout
+from torchmx.kernels.layouts import tma_stream_layout
 
 
 def _specialization(value):
@@ -83,7 +83,7 @@ def _stream_launch(fmt: dtypes.DType, M: int, N: int, K: int, bias: bool,
     """(arguments, constants) of stream_linear_kernel as stream_linear would launch it for
     x [M, K] and a weight [N, K], built from CPU tensors of those shapes."""
     x = torch.zeros(M, K, dtype=torch.bfloat16)
-    codes = torch.zeros(N * K // stream_layout.STEP_CODES * stream_layout.step_bytes(fmt),
+    codes = torch.zeros(N * K // tma_stream_layout.STEP_CODES * tma_stream_layout.step_bytes(fmt),
                         dtype=torch.uint8)
     scales = torch.zeros(N * K // 32, dtype=torch.uint8)
     w_data = torch.zeros(N, K * fmt.bytes_per_group // fmt.codes_per_group, dtype=torch.uint8)

@@ -138,8 +138,9 @@ def _crafted_weight(fmt, n, k, gen):
     return w._replace(scale.to(DEVICE), data.to(DEVICE).view(w._data.dtype))
 
 
-def _check_linear(got, x, w, what):
-    expected = x.float() @ w.dequantize(torch.float32).t()
+def _check_linear(got, x, w, what, expected=None):
+    if expected is None:
+        expected = x.float() @ w.dequantize(torch.float32).t()
     got = got.float()
     nan = torch.isnan(expected)
     if not torch.equal(torch.isnan(got), nan):
@@ -158,6 +159,36 @@ def sweep_linear(gen):
             with torch.no_grad():
                 got = F.linear(x, w)
             _check_linear(got, x, w, f"F.linear {fmt} rows {rows}")
+            count += 1
+    return count
+
+
+def sweep_routed(gen):
+    """torchmx::mx_routed_linear (gpt-oss experts) on crafted codes and scales, with expert
+    indices in range, at the ends, far outside it and negative: rows of bad indices are NaN."""
+    op = torch.ops.torchmx.mx_routed_linear.default
+    count = 0
+    for E, N, K in ((4, 64, 256), (3, 40, 96)):
+        w = _crafted_weight("float4_e2m1", E * N, K, gen)
+        scale, data = w._scale_e8m0.view(E, N, -1), w._data.view(torch.uint8).view(E, N, -1)
+        for tokens, top_k in ((1, 4), (5, 2), (16, 4)):
+            x = torch.randn(tokens, K, generator=gen).to(DEVICE).bfloat16()
+            experts = torch.randint(0, E, (tokens, top_k), generator=gen)
+            experts.view(-1)[::3] = torch.tensor([-1, E, 1 << 40, E - 1])[
+                torch.arange(experts.view(-1)[::3].numel()) % 4]
+            experts = experts.to(DEVICE)
+            bad = (experts.view(-1) < 0) | (experts.view(-1) >= E)
+            if DEVICE == "cpu":
+                continue  # the operator refuses bad indices on CPU (a ValueError)
+            with torch.no_grad():
+                got = op(x, experts, scale, data, "float4_e2m1", 32, None, top_k, None, None)
+            if not torch.isnan(got[bad]).all():
+                raise AssertionError(f"routed E {E} N {N} K {K}: a bad index gave numbers")
+            good = experts.view(-1).clamp(0, E - 1)
+            rows = x.repeat_interleave(top_k, 0).float()
+            expected = torch.einsum("pk,pnk->pn", rows, w.dequantize(torch.float32).view(E, N, K)[good])
+            _check_linear(got[~bad], rows[~bad], None, f"routed E {E} rows {tokens}x{top_k}",
+                          expected=expected[~bad])
             count += 1
     return count
 
@@ -209,12 +240,13 @@ def main(argv):
     print(f"quantize cases: {sweep_quantize(gen)}", flush=True)
     print(f"dequantize cases: {sweep_dequantize(gen)}", flush=True)
     print(f"F.linear cases: {sweep_linear(gen)}", flush=True)
+    print(f"routed experts cases: {sweep_routed(gen)}", flush=True)
     count, layouts = sweep_prepacked(gen)
     print(f"prepacked cases: {count}, layouts: {', '.join(layouts) or 'none'}", flush=True)
     if DEVICE == "cuda":
         from torchmx.kernels.linear import stream_matmul
         if stream_matmul.usable_on(torch.device("cuda")) and "stream" not in layouts:
-            raise AssertionError("the stream layout is usable on this GPU but no case reached it")
+            raise AssertionError("the TMA stream layout is usable on this GPU but no case reached it")
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     print("sweep done", flush=True)

@@ -6,6 +6,9 @@
   each packed weight in one uint8 Parameter that FSDP2 shards by rows and gathers as bytes.
 - Tensor parallel for MXInferenceLinear: `parallelize_mx_inference_linear` shards the packed
   weight column-wise or row-wise as DTensors (scales with their data, K-blocks whole).
+- Tensor parallel MXLinear QAT: PyTorch's own `parallelize_module` (ColwiseParallel,
+  RowwiseParallel) once this module is imported (it registers the torchmx ops' DTensor
+  sharding rules, `sharding_rules`).
 - `torch.distributed.checkpoint` saves and loads both kinds of sharded models (N ranks to M).
 
 Importing this module imports torch.distributed; `import torchmx` does not.
@@ -16,6 +19,7 @@ from typing import List
 from torch import nn
 
 from ..nn.mx_linear import MXLinear
+from . import sharding_rules  # noqa: F401  (DTensor rules of the torchmx ops: MXLinear TP)
 from .all_gather_weight import MXAllGatherWeight, plain_state_dict
 from .fsdp_inference import MXShardedInferenceLinear, prepare_fsdp_inference_
 from .tensor_parallel import MXParallelInferenceLinear, parallelize_mx_inference_linear

@@ -4,10 +4,11 @@ FSDP2 (`torch.distributed.fsdp.fully_shard`) shards a parameter along dim 0 and,
 forward, all-gathers the shards. When the local shard defines `fsdp_pre_all_gather` /
 `fsdp_post_all_gather`, FSDP2 gathers what the first returns and rebuilds the parameter with
 the second. An MXLinear weight wrapped in MXAllGatherWeight quantizes its shard of rows
-(blocks along in_features, so no block straddles two shards) and sends codes and scales in
-one uint8 buffer per row; the gathered parameter is an MXTensor, bit-identical to quantizing
-the full weight with the layer's `weights_config`, and MXLinear's forward uses it as its
-quantized weight. The gradient stays in high precision, so the reduce-scatter does too.
+(blocks along in_features, so no block straddles two shards) once between writes and sends its
+codes and scales (uint8, in the layer group's one collective); the gathered parameter is an
+MXTensor over the gathered bytes (no copy), bit-identical to quantizing the full weight with
+the layer's `weights_config`, and MXLinear's forward uses it as its quantized weight. The
+gradient stays in high precision, so the reduce-scatter does too.
 
 Everything else (the optimizer step, state dicts, `.to()`) sees the high-precision tensor:
 ops run on it and keep the wrapper where FSDP2 needs the local shard to stay one (views,
@@ -92,50 +93,50 @@ class MXAllGatherWeight(torch.Tensor):
     # ---------------------------------------------------------------- FSDP2 all-gather hooks
 
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
-        """This rank's rows, quantized: one uint8 buffer [rows, codes bytes + scale bytes].
+        """This rank's rows, quantized: (codes, scales), both uint8 [rows, bytes per row].
 
-        Where FSDP2 shards the rows unevenly (out_features not a multiple of the mesh size) it
-        needs every rank's input in the padded shard's shape: then the rows are gathered in
-        high precision (padded with zeros) and quantized after the gather, as without the
-        wrapper."""
+        FSDP2 packs every input of a layer group into its one all-gather buffer, so the two
+        travel in the same collective; gathered, each is a contiguous [out_features, bytes]
+        tensor that the MXTensor uses as is (no copy). Where FSDP2 shards the rows unevenly
+        (out_features not a multiple of the mesh size) it needs every rank's input in the
+        padded shard's shape: then the rows are gathered in high precision (padded with zeros)
+        and quantized after the gather, as without the wrapper. So is a shard group of one
+        rank (one process; HSDP with unsharded replicas), where nothing travels and FSDP2
+        copies a single input."""
         hp = self.hp
         param_dtype = getattr(mp_policy, "param_dtype", None)
-        if param_dtype is not None:
-            hp = hp.to(param_dtype)
+        dtype = hp.dtype if param_dtype is None else param_dtype
         rows = outer_size[0]
-        if rows % mesh.size() != 0:
+        if rows % mesh.size() != 0 or mesh.size() == 1:
             padded = -(-rows // mesh.size())
-            return (torch.nn.functional.pad(hp, (0, 0, 0, padded - hp.shape[0])),), None
+            return (torch.nn.functional.pad(hp.to(dtype), (0, 0, 0, padded - hp.shape[0])),), None
         # The backward re-gathers what the forward gathered: quantized once between writes
         # (every write to the weight goes through __torch_dispatch__, which drops this).
         cached = getattr(self, "_gathered", None)
-        if cached is None or cached[0] != hp.dtype:
-            scale, data = self.config.quantize(hp, -1)
-            cached = self._gathered = (hp.dtype, torch.cat([data.view(torch.uint8), scale], 1),
-                                       data.shape[1])
-        _, buffer, data_bytes = cached
-        return (buffer,), (data_bytes, hp.dtype)
+        if cached is None or cached[0] != dtype:
+            scale, data = self.config.quantize(hp.to(dtype), -1)
+            cached = self._gathered = (dtype, (data.view(torch.uint8), scale))
+        return cached[1], dtype
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *,
                              out: Optional[torch.Tensor] = None):
-        """The gathered weight: an MXTensor of the full weight (the plain high-precision
-        weight where the rows were sharded unevenly)."""
-        (buffer,) = all_gather_outputs
-        if metadata is None:  # gathered in high precision (uneven rows)
-            return None if out is not None else (buffer, ())
-        data_bytes, dtype = metadata
-        cfg = self.config
-        if out is not None:  # FSDP2 re-allocated the storages of the tensors returned first
-            out._data.view(torch.uint8).copy_(buffer[:, :data_bytes])
-            out._scale_e8m0.copy_(buffer[:, data_bytes:])
+        """The gathered weight: an MXTensor of the full weight over the gathered codes and
+        scales themselves (the plain high-precision weight where the rows were sharded
+        unevenly)."""
+        if metadata is None:  # gathered in high precision (uneven rows, one rank)
+            (weight,) = all_gather_outputs
+            return None if out is not None else (weight, ())
+        if out is not None:
+            # FSDP2 gathers into the same tensors every time (it frees and re-allocates their
+            # storage in place), and `out` was built over them: nothing to do.
             return None
-        data = buffer[:, :data_bytes].contiguous()
-        scale = buffer[:, data_bytes:].contiguous()
+        data, scale = all_gather_outputs
+        cfg = self.config
         if cfg.elem_dtype.kind == "int":
             data = data.view(torch.int8)
-        weight = MXTensor(scale, data, cfg.elem_dtype_name, cfg.block_size, dtype, block_dim=1,
-                          scale_mode=cfg.scale_mode,
-                          shape=(buffer.shape[0], self.shape[1]))
+        weight = MXTensor(scale, data, cfg.elem_dtype_name, cfg.block_size, metadata,
+                          block_dim=1, scale_mode=cfg.scale_mode,
+                          shape=(scale.shape[0], self.shape[1]))
         return weight, (data, scale)
 
 

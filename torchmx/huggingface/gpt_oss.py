@@ -25,6 +25,7 @@ from torch import nn
 
 from .. import dtypes
 from ..config import MXConfig
+from ..mx_ops import routed_linear
 from ..mx_tensor import MXTensor
 
 __all__ = ["MXGptOssExperts", "experts_mx", "pack_experts", "quantize_experts_",
@@ -70,10 +71,14 @@ def pack_experts(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 class MXGptOssExperts(nn.Module):
     """transformers' GptOssExperts with MXFP4 weights: the same forward (top-k routing, clamped
-    SwiGLU on interleaved gate/up, routing-weighted sum), each expert's two products computed
-    as F.linear on its MX weight (exact products, fp32 sums; MXTensor's linear dispatch, the
-    MX GEMM kernels on a GPU). Buffers `{gate_up_proj,down_proj}_{blocks,scales}` in gpt-oss's
-    layout; biases in `dtype`; weights never exist in full precision."""
+    SwiGLU on interleaved gate/up, routing-weighted sum) with exact products and fp32 sums.
+    Decode on a GPU (up to dispatch.ROUTED_MAX_PAIRS routed pairs): one launch per projection
+    for every (token, expert) pair, read from the 3-D MX weights in place (the operator
+    torchmx::mx_routed_linear, the gate in the first one's epilogue), then the
+    routing-weighted sum over each token's pairs (fp32 sum of the weighted rows, rounded
+    once). Otherwise each routed expert's rows are one F.linear on its MX weight (MXTensor's
+    linear dispatch). Buffers `{gate_up_proj,down_proj}_{blocks,scales}` in gpt-oss's layout;
+    biases in `dtype`; weights never exist in full precision."""
 
     def __init__(self, config, dtype=None, device=None):
         super().__init__()
@@ -147,6 +152,9 @@ class MXGptOssExperts(nn.Module):
         GptOssMLP passes them) -> [T, H]: for each expert some token was routed to, its tokens'
         two products with its MX weights, summed with their routing weights."""
         dtype = hidden_states.dtype
+        codes = self._routed_codes(hidden_states, router_indices.numel())
+        if codes is not None:
+            return self._routed_forward(hidden_states, router_indices, routing_weights, *codes)
         gate_up = self._expert_weights("gate_up_proj", dtype)
         down = self._expert_weights("down_proj", dtype)
         out = torch.zeros_like(hidden_states)
@@ -157,6 +165,49 @@ class MXGptOssExperts(nn.Module):
             y = F.linear(self._apply_gate(h), down[e], self.down_proj_bias[e].to(dtype))
             out.index_add_(0, token_idx, (y * routing_weights[token_idx, top_k_pos, None]).to(dtype))
         return out
+
+    def _codes(self, name: str) -> torch.Tensor:
+        """`name`'s codes as [E, N, K / 2] (a view of its blocks)."""
+        blocks = getattr(self, f"{name}_blocks")
+        return blocks.view(*blocks.shape[:2], -1)
+
+    def _routed_codes(self, hidden_states: torch.Tensor, pairs: int):
+        """(gate_up codes, down codes) when torchmx::mx_routed_linear runs its kernels for this
+        input, else None: decided once per input shape, dtype and device and buffers."""
+        if not routed_linear.usable_on(hidden_states.device):
+            return None
+
+        def decide():
+            gate_up, down = self._codes("gate_up_proj"), self._codes("down_proj")
+            ok = all(routed_linear.usable(x, getattr(self, f"{name}_scales"), codes,
+                                          "float4_e2m1", _BLOCK, pairs)
+                     for name, codes, x in (
+                         ("gate_up_proj", gate_up, hidden_states),
+                         ("down_proj", down,
+                          hidden_states.new_empty((pairs, self.intermediate_size)))))
+            return (gate_up, down) if ok else None
+
+        if torch.compiler.is_compiling():
+            return decide()
+        # replaced buffers (an assignment) make a new decision and drop the old views
+        source = tuple((id(b), b.data_ptr()) for b in self.buffers(recurse=False))
+        key = ("routed", hidden_states.shape, hidden_states.dtype, hidden_states.device, pairs)
+        views = _EXPERT_VIEWS.setdefault(self, {})
+        cached = views.get(key)
+        if cached is None or cached[0] != source:
+            cached = views[key] = (source, decide())
+        return cached[1]
+
+    def _routed_forward(self, hidden_states, router_indices, routing_weights, gate_up, down):
+        """forward through torchmx::mx_routed_linear: one launch per projection."""
+        top_k = router_indices.shape[-1]
+        op = routed_linear.mx_routed_linear.eager()
+        gated = op(hidden_states, router_indices, self.gate_up_proj_scales, gate_up,
+                   "float4_e2m1", _BLOCK, self.gate_up_proj_bias, top_k, self.alpha, self.limit)
+        out = op(gated, router_indices, self.down_proj_scales, down, "float4_e2m1", _BLOCK,
+                 self.down_proj_bias, 1, None, None)
+        weighted = out.view(*router_indices.shape, -1) * routing_weights[..., None]
+        return weighted.to(hidden_states.dtype).sum(1)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "

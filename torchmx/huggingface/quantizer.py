@@ -23,6 +23,7 @@ from transformers.quantizers.quantizers_utils import should_convert_module
 
 from ..config import QLinearConfig
 from ..nn import MXInferenceLinear, extra_state
+from ..nn import attention as mx_attention
 from . import gpt_oss
 from .config import QUANT_METHOD, TorchMXConfig
 
@@ -163,6 +164,7 @@ class TorchMXHfQuantizer(HfQuantizer):
         if empty:
             raise ValueError(f"the checkpoint has no packed weight for the MX layers "
                              f"{', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}")
+        mx_attention.restore_attention(model)  # quantize_llm_'s attention matmuls, if saved
         return model
 
     def is_serializable(self) -> bool:

@@ -1,5 +1,5 @@
 """`torch.ops.torchmx.mx_piece_linear`: F.linear with an MX weight that also has a copy in the
-piece layout (torchmx/kernels/layouts/piece_layout.py).
+MMA layout (torchmx/kernels/layouts/mma_layout.py).
 
     mx_piece_linear(input, piece_codes, piece_scales, piece_counters, weight_scale,
                     weight_data, elem_dtype_name, in_features, bias, out_dtype)
@@ -29,22 +29,22 @@ from . import weight_matmul
 
 __all__ = ["mx_piece_linear", "PIECE_ROWS", "uses_piece_kernel"]
 
-# Activation rows for which the piece kernel runs, by codes a packed group (interleaved H100
-# timings at N = K = 8192, benchmarks/bench_gpu_matmul.py): one-byte codes (and fp4) 2..64,
-# where one row is faster in byte_gemv (fp4: its one-row kernel) on the standard layout; fp6
-# 1..32, where at 64 rows the standard layout's kernel is the faster.
-PIECE_ROWS = {1: range(2, 65), 2: range(2, 65), 4: range(1, 33)}
+# Activation rows for which the MMA-layout kernel runs, by codes a packed group (interleaved H100
+# timings at N = K = 8192, benchmarks/bench_gpu_matmul.py): one-byte codes 2..64, where one
+# row is faster in byte_gemv on the standard layout; fp6 1..32, where at 64 rows the standard
+# layout's kernel is the faster. (MXFP4 weights have no MMA layout: mma_layout.FORMATS.)
+PIECE_ROWS = {1: range(2, 65), 4: range(1, 33)}
 
 
 def uses_piece_kernel(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
                       fmt: dtypes.DType) -> bool:
-    """Whether mx_piece_linear runs the piece kernel for this input and weight."""
+    """Whether mx_piece_linear runs the MMA-layout kernel for this input and weight."""
     return _piece_rows(input, weight_scale, weight_data, fmt) is not None
 
 
 def _piece_rows(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
                 fmt: dtypes.DType) -> Optional[Tensor]:
-    """input as the contiguous [rows, K] matrix the piece kernel takes, or None where it does
+    """input as the contiguous [rows, K] matrix the MMA-layout kernel takes, or None where it does
     not run."""
     if not input.dim() or not input.shape[-1] or fmt.codes_per_group not in PIECE_ROWS:
         return None
@@ -67,12 +67,12 @@ def mx_piece_linear(input: Tensor, piece_codes: Tensor, piece_scales: Tensor,
                     out_dtype: torch.dtype) -> Tensor:
     """F.linear(input, W, bias) rounded once to out_dtype, W the MX weight (blocks of 32) given
     both ways (see the module docstring)."""
-    from ..kernels.layouts import piece_layout
+    from ..kernels.layouts import mma_layout
     fmt = weight_matmul._check_parts(input, weight_scale, weight_data, elem_dtype_name, 32,
                                      in_features, bias, out_dtype, op="mx_piece_linear")
     N = weight_scale.shape[0]
     pieces = (piece_codes, piece_scales, piece_counters)
-    piece_layout.check_pieces(pieces, fmt, 32, N, in_features, weight_scale.device,
+    mma_layout.check_pieces(pieces, fmt, 32, N, in_features, weight_scale.device,
                               op="mx_piece_linear")
     x = _piece_rows(input, weight_scale, weight_data, fmt)
     if x is None:

@@ -1,5 +1,5 @@
 """`torch.ops.torchmx.mx_stream_linear`: F.linear with an MX weight that also has a copy in the
-stream layout (torchmx/kernels/layouts/stream_layout.py).
+TMA stream layout (torchmx/kernels/layouts/tma_stream_layout.py).
 
     mx_stream_linear(input, stream_codes, stream_scales, stream_counters, weight_scale,
                      weight_data, elem_dtype_name, in_features, bias, out_dtype)

@@ -29,9 +29,13 @@ from ..config import MXConfig, QAttentionConfig
 from ..mx_tensor import MXTensor
 from .arguments import check_attention_inputs
 
-__all__ = ["CONFIG_ATTRIBUTE", "MX_IMPLEMENTATIONS", "mx_attention", "register_attention_functions"]
+__all__ = ["CONFIG_ATTRIBUTE", "MODEL_CONFIG_KEY", "MX_IMPLEMENTATIONS", "mx_attention",
+           "register_attention_functions", "record_attention", "restore_attention"]
 
 CONFIG_ATTRIBUTE = "torchmx_attention_config"
+# The model config's entry (written to config.json by save_pretrained) that says which attention
+# modules run their matmuls in MX and with which QAttentionConfig.
+MODEL_CONFIG_KEY = "torchmx_attention"
 # the transformers implementation a model uses -> the torchmx one that replaces it
 MX_IMPLEMENTATIONS = {"eager": "torchmx_eager", "sdpa": "torchmx_sdpa"}
 _UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
@@ -166,3 +170,50 @@ def register_attention_functions() -> None:
         AttentionInterface.register(name, _make_implementation(fallback))
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[fallback])
     _registered = True
+
+
+def record_attention(model, modules, config) -> None:
+    """Write `model.config.torchmx_attention` ({"modules": names, "config": QAttentionConfig
+    dict}) for a transformers model whose attention `modules` (names in `model`, or in its
+    base model when `model` is that) now run their matmuls per `config`: save_pretrained
+    writes it to config.json and TorchMXConfig's quantizer applies it again when the model
+    loads (`restore_attention`)."""
+    model_config = getattr(model, "config", None)
+    if model_config is None or not hasattr(model_config, "to_dict"):
+        return
+    setattr(model_config, MODEL_CONFIG_KEY, {"modules": sorted(modules),
+                                             "config": config.to_dict()})
+
+
+def restore_attention(model) -> list:
+    """Apply a loaded model's `config.torchmx_attention` (see `record_attention`): each named
+    attention module gets its QAttentionConfig and the model's attention implementation
+    becomes torchmx's. Returns the modules' names; ValueError for a module the model lacks or
+    an implementation torchmx does not replace."""
+    from ..config import QAttentionConfig
+
+    entry = getattr(getattr(model, "config", None), MODEL_CONFIG_KEY, None)
+    if not entry:
+        return []
+    config = QAttentionConfig.load_from_dict(entry["config"])
+    prefix = getattr(model, "base_model_prefix", "")
+    modules = dict(model.named_modules())
+    found = {}
+    for name in entry["modules"]:
+        candidates = (name, f"{prefix}.{name}", name.removeprefix(prefix + "."))
+        match = next((c for c in candidates if c in modules), None)
+        if match is None:
+            raise ValueError(f"config.json's {MODEL_CONFIG_KEY} names the attention module "
+                             f"{name!r}, which this model does not have")
+        found[match] = modules[match]
+    implementation = model.config._attn_implementation
+    if implementation not in MX_IMPLEMENTATIONS.values():
+        if implementation not in MX_IMPLEMENTATIONS:
+            raise ValueError(f"config.json's {MODEL_CONFIG_KEY}: MX attention replaces the "
+                             f"attention implementations {', '.join(map(repr, MX_IMPLEMENTATIONS))}"
+                             f"; the model loaded with {implementation!r}")
+        register_attention_functions()
+        model.set_attn_implementation(MX_IMPLEMENTATIONS[implementation])
+    for module in found.values():
+        setattr(module, CONFIG_ATTRIBUTE, config)
+    return list(found)

@@ -2,9 +2,8 @@
 
 MXInferenceLinear keeps its quantization config in `<layer>._extra_state`. A plain tensor is
 what every writer of state dicts stores (safetensors' save_model, transformers'
-save_pretrained, torch.distributed.checkpoint, torch.save with weights_only loading); a dict
-was refused by the first two. `decode` also takes the dict that torchmx 0.2 checkpoints
-written before this change hold.
+save_pretrained, torch.distributed.checkpoint, torch.save with weights_only loading); the
+first two refuse a dict. `decode` also takes the dict that older torchmx 0.2 checkpoints hold.
 """
 
 import json

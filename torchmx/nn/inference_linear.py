@@ -18,7 +18,7 @@ from torch import nn
 from .. import dtypes
 from .._eager import short_path
 from ..config import QLinearConfig
-from ..kernels.layouts import fragment_layout, piece_layout, stream_layout
+from ..kernels.layouts import fp4_wgmma_layout, mma_layout, tma_stream_layout
 from ..kernels.linear import dispatch as linear_dispatch
 from ..mx_ops import weight_matmul
 from ..mx_ops.fragment_linear import mx_fp4_fragment_linear  # noqa: F401 - registers the op
@@ -86,7 +86,7 @@ def _packed_linear(x, weight_mx, bias, activations_config, fragment):
     return F.linear(x, weight_mx, bias)
 
 
-_LAYOUT_NAMES = {stream_layout: "stream", fragment_layout: "fragment", piece_layout: "piece"}
+_LAYOUT_NAMES = {tma_stream_layout: "stream", fp4_wgmma_layout: "fragment", mma_layout: "piece"}
 
 
 def _stream_layout_wanted(fmt: dtypes.DType, out_features: int, in_features: int,
@@ -104,16 +104,16 @@ def _stream_layout_wanted(fmt: dtypes.DType, out_features: int, in_features: int
 
 def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
                     device: torch.device):
-    """The layout module whose copy prepack() makes for this layer on `device` (stream_layout
-    where _stream_layout_wanted; else fragment_layout for MXFP4 and piece_layout for the other
+    """The layout module whose copy prepack() makes for this layer on `device` (tma_stream_layout
+    where _stream_layout_wanted; else fp4_wgmma_layout for MXFP4 and mma_layout for the other
     formats), or None where none fits."""
     fmt, block = qconfig.weights_config.elem_dtype, qconfig.weights_config.block_size
     if qconfig.activations_config is not None:
         return None
-    layouts = (fragment_layout, piece_layout)  # MXFP4: fragments, the faster
-    if (fmt in stream_layout.FORMATS
+    layouts = (fp4_wgmma_layout, mma_layout)  # MXFP4: fragments, the faster
+    if (fmt in tma_stream_layout.FORMATS
             and _stream_layout_wanted(fmt, out_features, in_features, device)):
-        layouts = (stream_layout,) + layouts
+        layouts = (tma_stream_layout,) + layouts
     for layout in layouts:
         if layout.fits(fmt, block, out_features, in_features):
             return layout
@@ -267,14 +267,14 @@ class MXInferenceLinear(nn.Module):
 
         Forward then multiplies bf16 inputs of few rows on an sm_90 GPU (H100 / H200) with a
         kernel that reads the copy. On an sm_90 GPU where Triton has Gluon (Triton 3.6), the
-        stream layout (torchmx/kernels/layouts/stream_layout.py; every format: 1 to 64 rows for MXFP4
+        stream layout (torchmx/kernels/layouts/tma_stream_layout.py; every format: 1 to 64 rows for MXFP4
         and MXFP6, 2 to 64 for MXFP8 and MXINT8; in features a multiple of 128, at least 256;
         weights whose kernel CTAs, one per 64-row tile or a few sharing its in features
         (split-K), fill enough of the GPU's waves: on an H100 out features 1024, 4096 and
         8192, and 14336 for MXFP4 and MXFP6; one MXFP4 row only unsplit where they fill 90%).
         Otherwise, and for the shapes it does not take: for MXFP4 the fragment layout
-        (torchmx/kernels/layouts/fragment_layout.py, 2 to 64 rows), for the other formats the piece
-        layout (torchmx/kernels/layouts/piece_layout.py; 2 to 64 rows, fp6 1 to 32). All are faster
+        (torchmx/kernels/layouts/fp4_wgmma_layout.py, 2 to 64 rows), for the other formats the piece
+        layout (torchmx/kernels/layouts/mma_layout.py; 2 to 64 rows, fp6 1 to 32). All are faster
         than the standard layout's kernels (docs/matmul.md). Other inputs take the usual path,
         with the same numerics (exact products, fp32 sums, one rounding). Needs a weight-only
         config (no activations_config) with weights in blocks of 32, out_features a multiple
@@ -300,19 +300,19 @@ class MXInferenceLinear(nn.Module):
                 f"{self._describe()}.prepack(): no prepacked layout for {cfg.elem_dtype.name} "
                 f"weights in blocks of {cfg.block_size} [{self.out_features}, "
                 f"{self.in_features}]; it needs float4_e2m1 weights with in and out features "
-                f"multiples of {fragment_layout.CHUNK}, or weights of {piece_layout.describe()}")
+                f"multiples of {fp4_wgmma_layout.CHUNK}, or weights of {mma_layout.describe()}")
         if self.weight_data.device.type == "meta":
             raise ValueError(f"{self._describe()}.prepack(): the weight is on the meta device; "
                              "load its values first")
         self._fragment_fold = True  # used by the fragment kernel alone
-        if layout is stream_layout:
-            codes, scales = stream_layout.pack(self.weight_scale, self.weight_data,
+        if layout is tma_stream_layout:
+            codes, scales = tma_stream_layout.pack(self.weight_scale, self.weight_data,
                                                cfg.elem_dtype)
-        elif layout is fragment_layout:
-            codes, scales = fragment_layout.preshuffle(self.weight_scale, self.weight_data)
-            self._fragment_fold = fragment_layout.fold_scales(self.weight_scale)
+        elif layout is fp4_wgmma_layout:
+            codes, scales = fp4_wgmma_layout.preshuffle(self.weight_scale, self.weight_data)
+            self._fragment_fold = fp4_wgmma_layout.fold_scales(self.weight_scale)
         else:
-            codes, scales = piece_layout.pack(self.weight_scale, self.weight_data, cfg.elem_dtype)
+            codes, scales = mma_layout.pack(self.weight_scale, self.weight_data, cfg.elem_dtype)
         self.weight_prepacked_codes, self.weight_prepacked_scales = codes, scales
         self.weight_prepacked_counters = torch.zeros(
             self.out_features // layout.CHUNK, dtype=torch.int32, device=codes.device)
@@ -489,7 +489,7 @@ class MXInferenceLinear(nn.Module):
 def prepack_weights(model: nn.Module) -> List[str]:
     """MXInferenceLinear.prepack() on every layer of `model` that has a prepacked layout
     (weight-only, blocks of 32; MXFP4 with in and out features multiples of 64, the other
-    formats as piece_layout.fits, or as stream_layout.fits where prepack() makes stream
+    formats as mma_layout.fits, or as tma_stream_layout.fits where prepack() makes stream
     copies); returns their names. The other layers are left as they
     are."""
     names = []

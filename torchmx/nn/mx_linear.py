@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._eager import short_path
 from ..config import QLinearConfig
+from ..kernels.quantize.backends import backend_for, triton_kernels
 from ..mx_tensor import MXTensor
 from ..numerics import arguments as args
 from . import arguments
@@ -55,7 +57,7 @@ class _MXLinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         x, weight = ctx.saved_tensors
         if isinstance(weight, MXTensor):
-            weight = weight.dequantize()
+            weight = _dequantized(weight)
         x_dtype, weight_dtype, bias_dtype = ctx.dtypes
         cfg = ctx.grad_config
         g = grad_output.reshape(-1, grad_output.shape[-1])  # (tokens M, out_features N)
@@ -79,8 +81,21 @@ def _quantized_weight(weight, qconfig):
     """The weight's MX values in its dtype. An MXTensor weight is the one FSDP2 all-gathered in
     MX bytes (torchmx.distributed.MXAllGatherWeight), already quantized per weights_config."""
     if isinstance(weight, MXTensor):
-        return weight.dequantize()
+        return _dequantized(weight)
     return fake_quantize(weight, qconfig.weights_config, -1)
+
+
+def _dequantized(weight: MXTensor) -> torch.Tensor:
+    """weight.dequantize(); in eager mode on CUDA, a gathered weight's rows (blocks along
+    in_features) through a launch decided once per shape: every forward and backward runs it."""
+    data, scale = weight._data, weight._scale_e8m0
+    if data.is_cuda and weight._block_dim == 1 and short_path() \
+            and backend_for(data.device) == "triton":
+        kernels = triton_kernels()
+        if kernels.dequantize_rows_supported(data, scale, weight._elem_dtype, weight._block_size):
+            return kernels.dequantize_rows(data, scale, weight._elem_dtype, weight._block_size,
+                                           weight.dtype, weight.shape[1])
+    return weight.dequantize()
 
 
 def _product(x_q, w_q, bias):

@@ -1,10 +1,10 @@
 """MXInferenceLinear.prepack() and torchmx.nn.prepack_weights: a second copy of the weight in
-the stream layout (MXFP4, MXFP8, MXINT8, where Triton has Gluon), the fragment layout (MXFP4)
-or the piece layout (MXFP8, MXINT8, MXFP6), what forward does with it, and how the copy
+the TMA stream layout (MXFP4, MXFP8, MXINT8, where Triton has Gluon), the fp4 wgmma layout (MXFP4)
+or the MMA layout (MXFP8, MXINT8, MXFP6), what forward does with it, and how the copy
 follows the weight (load_state_dict, in-place writes, pickling, .to, inference mode,
 torch.compile). Every test runs with and without stream copies.
 
-On CPU the fragment and piece kernels run under Triton's interpreter and the stream copies take
+On CPU the fp4 wgmma and MMA-layout kernels run under Triton's interpreter and the stream copies take
 the op's usual path (Gluon does not run there); on an H100 all run on the GPU. Operands are
 small integers, so every sum is exact and any kernel must give the plain layer's bits.
 """
@@ -16,7 +16,7 @@ import torch
 
 from torchmx import dtypes
 from torchmx.config import MXConfig, QLinearConfig
-from torchmx.kernels.layouts import fragment_layout as fl, piece_layout as pl, stream_layout as sl
+from torchmx.kernels.layouts import fp4_wgmma_layout as fl, mma_layout as pl, tma_stream_layout as sl
 from torchmx.kernels.linear import stream_matmul
 from torchmx.mx_ops import weight_matmul
 from torchmx.nn import MXInferenceLinear, inference_linear, prepack_weights
@@ -26,7 +26,7 @@ from matmul_operands import DEVICE, reference
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
-# fp4: the fragment layout; the others: the piece layout
+# fp4: the fp4 wgmma layout; the others: the MMA layout
 FORMATS = ["float4_e2m1", "float8_e4m3", "int8", "float6_e3m2"]
 
 
@@ -164,7 +164,7 @@ def test_prepacked_layer_pickles_and_moves(fmt, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e4m3"])
 def test_a_pickled_copy_is_rebuilt_from_the_weight(fmt):
-    """Copies pickled by another version of their layout (the stream layout's fp4 words
+    """Copies pickled by another version of their layout (the TMA stream layout's fp4 words
     changed) must not reach the kernels, not even under torch.compile, which skips forward's
     check: unpickling rebuilds the copy."""
     layer = _layer(fmt=fmt).prepack()
@@ -325,3 +325,48 @@ def test_prepack_makes_stream_copies_on_hopper_for_weights_that_fill_the_waves(m
     assert not inference_linear._stream_layout_wanted(fp4, 128, 256, torch.device("cpu"))
     layer = _layer(fmt="float8_e4m3").prepack()
     assert layer._fragment_layout == ("stream" if expected else "piece")
+
+
+def test_mxfp4_weights_never_take_the_piece_layout(stream_copies):
+    """prepack() tries the fp4 wgmma layout before the MMA layout, and the fp4 wgmma layout
+    takes every MXFP4 weight in blocks of 32 with both dims multiples of 64: every MXFP4 weight
+    the MMA layout took (blocks of 32, out_features a multiple of 64, in_features of 128)
+    gets a fragment (or stream) copy, for any format, block size and shape."""
+    fp4 = dtypes.float4_e2m1
+    layouts = set()
+    for fmt in [dtypes.from_name(f) for f in FORMATS] + [dtypes.float8_e5m2, dtypes.float6_e2m3]:
+        for block in (16, 32, 64):
+            qconfig = QLinearConfig(weights_config=MXConfig(fmt.name, block_size=block))
+            for N in range(64, 1025, 64):
+                for K in range(16, 2049, 16):
+                    layout = inference_linear._prepack_layout(qconfig, N, K,
+                                                              torch.device("cpu"))
+                    took_fp4 = fmt == fp4 and block == 32 and K % 128 == 0
+                    if took_fp4:
+                        assert layout is (sl if stream_copies and sl.fits(fp4, 32, N, K)
+                                          else fl), (N, K)
+                    layouts.add(None if layout is None else layout.__name__)
+    assert {"torchmx.kernels.layouts.fp4_wgmma_layout",
+            "torchmx.kernels.layouts.mma_layout"} <= layouts
+    assert not any(pl.fits(fp4, block, N, K) for block in (16, 32, 64)
+                   for N in range(0, 1025, 64) for K in range(0, 2049, 64))
+
+
+def test_mxfp4_layers_pickled_with_a_piece_copy_load_with_a_fragment_copy(monkeypatch):
+    """Earlier versions could give an MXFP4 weight a piece copy, which only pickles hold (the
+    copy is not in state dicts): unpickling rebuilds the copy in the layout prepack() picks
+    now, bit for bit the weight."""
+    monkeypatch.setattr(inference_linear, "_stream_layout_wanted", lambda *_: False)
+    layer = _layer(fmt="float4_e2m1").prepack()
+    state = copy.deepcopy(layer).__getstate__()
+    state["_fragment_layout"] = "piece"
+    n = layer.weight_data.numel()  # the MMA layout's size: the weight's bytes, no padding
+    state["_buffers"]["weight_prepacked_codes"] = torch.zeros(n, dtype=torch.uint8, device=DEVICE)
+    state["_buffers"]["weight_prepacked_scales"] = torch.zeros_like(layer.weight_scale).view(-1)
+    old = MXInferenceLinear.__new__(MXInferenceLinear)
+    old.__setstate__(state)
+    assert old.prepacked and old._fragment_layout == "fragment"
+    s, d = _unpacked(old)
+    assert torch.equal(s, layer.weight_scale) and torch.equal(d, layer.weight_data)
+    x = torch.randint(-4, 5, (2, 256)).to(torch.bfloat16).to(DEVICE)
+    assert torch.equal(old(x).view(torch.int16), layer(x).view(torch.int16))

@@ -1,5 +1,5 @@
-"""The fragment layout of MXFP4 weights (kernels/layouts/fragment_layout.py), its Hopper kernel
-(kernels/linear/fragment_matmul.py) and the op that dispatches to it (mx_ops/fragment_linear.py);
+"""The fp4 wgmma layout of MXFP4 weights (kernels/layouts/fp4_wgmma_layout.py), its Hopper kernel
+(kernels/linear/fp4_wgmma_matmul.py) and the op that dispatches to it (mx_ops/fragment_linear.py);
 MXInferenceLinear.prepack() is tested in test_prepack.py.
 
 On CPU the kernel runs under Triton's interpreter with the same bit program written in plain
@@ -16,8 +16,8 @@ import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
-from torchmx.kernels.layouts import fragment_layout as fl
-from torchmx.kernels.linear import fragment_matmul as fm
+from torchmx.kernels.layouts import fp4_wgmma_layout as fl
+from torchmx.kernels.linear import fp4_wgmma_matmul as fm
 from torchmx.mx_ops import fragment_linear as fop
 from torchmx.mx_ops import weight_matmul
 from torchmx.numerics import decode
@@ -41,7 +41,7 @@ def kernels_on_cpu(monkeypatch):
 
 def needs_kernel():
     if CUDA and not HOPPER:
-        pytest.skip("the fragment kernel needs sm_90 (or the CPU interpreter)")
+        pytest.skip("the fp4 wgmma kernel needs sm_90 (or the CPU interpreter)")
 
 
 def parts(w):
@@ -52,7 +52,7 @@ def parts(w):
 
 def run(x, w, bias=None, config=None):
     codes, scales, counters, fold = parts(w)
-    out = fm.fragment_linear(x, codes, scales, counters, w.shape[0], fold, bias, config)
+    out = fm.fp4_wgmma_linear(x, codes, scales, counters, w.shape[0], fold, bias, config)
     assert not counters.any(), "the split-K counters are left at zero"
     return out
 
@@ -184,16 +184,16 @@ def test_fold_scales():
 
 CONFIGS = {  # every code path: V, U, split (even, uneven, none), NONEMPTY, block_m, loads
     # one or two steps ahead, a register cap
-    "v1u2s3": fm.FragmentConfig(16, 1, 2, 3),
-    "v1u2s3a1": fm.FragmentConfig(16, 1, 2, 3, ahead=1),
-    "v1u2s3a2": fm.FragmentConfig(16, 1, 2, 3, ahead=2, maxnreg=96),
-    "v2u1s2a2": fm.FragmentConfig(32, 2, 1, 2, ahead=2),
-    "v1u1s5a2": fm.FragmentConfig(16, 1, 1, 5, ahead=2),
-    "v2u1s2": fm.FragmentConfig(32, 2, 1, 2),
-    "v1u1s1": fm.FragmentConfig(16, 1, 1, 1),
-    "v2u2s4ne": fm.FragmentConfig(64, 2, 2, 4, nonempty=True),
-    "v1u4s2": fm.FragmentConfig(16, 1, 4, 2),
-    "v2u2s3w8": fm.FragmentConfig(32, 2, 2, 3, num_warps=8),
+    "v1u2s3": fm.Fp4WgmmaConfig(16, 1, 2, 3),
+    "v1u2s3a1": fm.Fp4WgmmaConfig(16, 1, 2, 3, ahead=1),
+    "v1u2s3a2": fm.Fp4WgmmaConfig(16, 1, 2, 3, ahead=2, maxnreg=96),
+    "v2u1s2a2": fm.Fp4WgmmaConfig(32, 2, 1, 2, ahead=2),
+    "v1u1s5a2": fm.Fp4WgmmaConfig(16, 1, 1, 5, ahead=2),
+    "v2u1s2": fm.Fp4WgmmaConfig(32, 2, 1, 2),
+    "v1u1s1": fm.Fp4WgmmaConfig(16, 1, 1, 1),
+    "v2u2s4ne": fm.Fp4WgmmaConfig(64, 2, 2, 4, nonempty=True),
+    "v1u4s2": fm.Fp4WgmmaConfig(16, 1, 4, 2),
+    "v2u2s3w8": fm.Fp4WgmmaConfig(32, 2, 2, 3, num_warps=8),
     "default": None,
 }
 
@@ -234,7 +234,7 @@ def test_kernel_takes_every_scale(scale_bytes, x_scale):
                  block_dim=1, shape=(N, K))
     x = (torch.randint(-4, 5, (M, K), generator=g) * x_scale).to(torch.bfloat16).to(DEVICE)
     assert fl.fold_scales(w._scale_e8m0) == (scale_bytes[1] <= 129)
-    torch.testing.assert_close(run(x, w, None, fm.FragmentConfig(16, 1, 2, 2)), reference(x, w),
+    torch.testing.assert_close(run(x, w, None, fm.Fp4WgmmaConfig(16, 1, 2, 2)), reference(x, w),
                                rtol=0, atol=0)
 
 
@@ -244,7 +244,7 @@ def test_kernel_propagates_nan_scales():
     scale = w._scale_e8m0.clone()
     scale[5, 1] = 255
     w = MXTensor(scale, w._data, "float4_e2m1", 32, torch.bfloat16, block_dim=1, shape=(64, 128))
-    out = run(x, w, None, fm.FragmentConfig(16, 1, 1, 2))
+    out = run(x, w, None, fm.Fp4WgmmaConfig(16, 1, 1, 2))
     assert out[:, 5].isnan().all() and not out[:, [4, 6]].isnan().any()
     torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0, equal_nan=True)
 
@@ -262,19 +262,19 @@ def test_kernel_is_within_fp32_accumulation_on_random_operands(M):
 
 def test_config_rejects_impossible_launches():
     with pytest.raises(ValueError, match="block_m"):
-        fm.FragmentConfig(8, 1, 2, 1)
+        fm.Fp4WgmmaConfig(8, 1, 2, 1)
     with pytest.raises(ValueError, match="v must"):
-        fm.FragmentConfig(16, 3, 2, 1)
+        fm.Fp4WgmmaConfig(16, 3, 2, 1)
     with pytest.raises(ValueError, match="split"):
-        fm.FragmentConfig(16, 1, 2, 0)
+        fm.Fp4WgmmaConfig(16, 1, 2, 0)
     with pytest.raises(ValueError, match="ahead"):
-        fm.FragmentConfig(16, 1, 2, 1, ahead=3)
+        fm.Fp4WgmmaConfig(16, 1, 2, 1, ahead=3)
     for maxnreg in (0, 256, 96.0):
         with pytest.raises(ValueError, match="maxnreg"):
-            fm.FragmentConfig(16, 1, 2, 1, maxnreg=maxnreg)
+            fm.Fp4WgmmaConfig(16, 1, 2, 1, maxnreg=maxnreg)
     x, w = integer_operands("float4_e2m1", 17, 64, 128)
     with pytest.raises(ValueError, match="does not fit"):
-        run(x, w, None, fm.FragmentConfig(16, 1, 2, 1))
+        run(x, w, None, fm.Fp4WgmmaConfig(16, 1, 2, 1))
 
 
 def test_default_config_fills_the_gpu():

@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
 from torchmx.kernels.linear import mma_linear, dispatch as km
-from torchmx.kernels.layouts import piece_layout
+from torchmx.kernels.layouts import mma_layout
 from torchmx.mx_ops import weight_matmul
 
 from covering import all_pairs
@@ -79,13 +79,13 @@ def test_block_sizes_and_fp32_output(fmt, block_size):
        split=st.integers(1, 4), ahead=st.sampled_from([1, 2]), seed=st.integers(0, 99),
        pieces=st.booleans())
 def test_any_tile_is_exact(fmt, M, tiles_n, steps, v, u, split, ahead, seed, pieces):
-    """On the standard layout, or on the piece layout (piece_layout.py) with the split-K sum
-    in the kernel."""
+    """On the standard layout, or on the MMA layout (mma_layout.py; not MXFP4) with the
+    split-K sum in the kernel."""
     N, K = 64 * v * tiles_n, u * steps * _unit(fmt)
     x, w = integer_operands(fmt, M, N, K, seed=seed)
     parts = None
-    if pieces:
-        parts = (*piece_layout.pack(w._scale_e8m0, w._data, w.elem_dtype),
+    if pieces and w.elem_dtype in mma_layout.FORMATS:
+        parts = (*mma_layout.pack(w._scale_e8m0, w._data, w.elem_dtype),
                  torch.zeros(N // 64, dtype=torch.int32, device=DEVICE))
     out = mma_linear.mma_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None,
                                 x.dtype, MmaConfig(v, u, split, ahead), parts)
@@ -175,8 +175,9 @@ def test_poisoned_pieces_recompute_exactly(fmt, poison):
 
 def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
     """N or K of 0, N or K off the 64-grid (K off the 128-grid for fp4 and fp6), one row (but
-    fp6), fp16 or strided x: `eligible` refuses them and fused_linear gives the same result
-    through its other kernels."""
+    fp6), fp16 or strided x: `eligible` refuses them and fused_linear (for fp6, whose few rows
+    the fused kernel does not take, the dispatch) gives the same result through the other
+    kernels."""
     monkeypatch.setattr(mma_linear.MmaPlan, "__call__", None)  # not called
     bf16, fp16 = torch.bfloat16, torch.float16
     for fmt, M, N, K, dtype in [
@@ -189,8 +190,12 @@ def test_empty_and_ineligible_shapes_take_the_other_kernels(monkeypatch):
             ("float6_e2m3", 4, 96, 256, bf16), ("float6_e3m2", 4, 64, 256, fp16)]:
         x, w = integer_operands(fmt, M, N, K, dtype)
         assert not mma_linear.eligible(x, w._data, w.elem_dtype, w.block_size)
-        out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None,
-                              x.dtype)
+        if fmt.startswith("float6"):
+            out = km.linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, K, None,
+                            x.dtype)
+        else:
+            out = km.fused_linear(x, w._scale_e8m0, w._data, w.elem_dtype, w.block_size, None,
+                                  x.dtype)
         torch.testing.assert_close(out, reference(x, w), rtol=0, atol=0)
     x, w = integer_operands("float8_e4m3", 4, 64, 128)
     strided = torch.zeros(4, 256, dtype=x.dtype, device=DEVICE)[:, ::2].copy_(x)

@@ -27,6 +27,10 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 FORMATS = ["float8_e4m3", "float8_e5m2", "float6_e3m2", "float6_e2m3", "float4_e2m1", "int8"]
+FP6 = ["float6_e3m2", "float6_e2m3"]
+# The fused kernel takes fp6 in the rows variant only, on rows of whole 32-bit words (the only
+# fp6 products the dispatch sends it: test_fp6_takes_the_fused_kernel_only_as_whole_words).
+FUSED_FORMATS = [f for f in FORMATS if f not in FP6]
 VARIANTS = {  # small tiles, K split, several blocks per step: every code path of the kernel
     "rows": km.Config(km.ROWS, 16, 2, 2),
     "rows_nb4": km.Config(km.ROWS, 16, 1, 4),
@@ -69,7 +73,8 @@ def _fused(x, w, bias, config):
 
 
 @pytest.mark.parametrize("fmt,variant,dtype,M,N,K", all_pairs(
-    FORMATS, VARIANT_DTYPES, [(1, 20, 96), (3, 17, 200), (18, 40, 70), (2, 32, 256)]), ids=str)
+    FUSED_FORMATS, VARIANT_DTYPES, [(1, 20, 96), (3, 17, 200), (18, 40, 70), (2, 32, 256)]),
+    ids=str)
 def test_fused_kernel_is_exact_on_exact_sums(fmt, variant, dtype, M, N, K):
     x, w = integer_operands(fmt, M, N, K, dtype)
     bias = torch.randint(-8, 9, (N,)).to(dtype).to(DEVICE)
@@ -131,26 +136,45 @@ def test_fp4_rows_words_special_scales(monkeypatch, config):
     torch.testing.assert_close(out[:, 2:], reference(x, w).float()[:, 2:], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("fmt", ["float6_e2m3", "float6_e3m2"])
-@pytest.mark.parametrize("K,words", [(96, True), (256, True), (200, False), (70, False)])
+@pytest.mark.parametrize("fmt", FP6)
+@pytest.mark.parametrize("K", [96, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("config,block_size", [(VARIANTS["rows"], 32), (VARIANTS["rows_nb4"], 32),
                                                (km.Config(km.ROWS, 8, 1, 2), 64)])
-def test_fp6_rows_read_whole_words_or_bytes(fmt, K, words, config, block_size):
+def test_fp6_rows_read_whole_words(fmt, K, dtype, config, block_size):
     """fp6 rows of whole 4-byte words (K a multiple of 16) are read as 32-bit words, three per
-    sixteen codes, codes straddling words included; other rows byte by byte."""
-    x, w = integer_operands(fmt, 1, 24, K, torch.bfloat16, block_size=block_size)
-    assert km._read_words(w.elem_dtype, w._data, K, config.variant, 0) == words
-    bias = torch.randint(-8, 9, (24,)).to(torch.bfloat16).to(DEVICE)
+    sixteen codes, codes straddling words included."""
+    x, w = integer_operands(fmt, 1, 24, K, dtype, block_size=block_size)
+    assert km._read_words(w.elem_dtype, w._data, K, config.variant, 0)
+    bias = torch.randint(-8, 9, (24,)).to(dtype).to(DEVICE)
     torch.testing.assert_close(_fused(x, w, bias, config), reference(x, w, bias), rtol=0,
                                atol=0)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("fmt", FP6)
+def test_fp6_takes_the_fused_kernel_only_as_whole_words(fmt):
+    """The dispatch sends the fused kernel fp6 only for one row of whole words (more rows take
+    mma_linear where it applies, else dequantize + cuBLAS, as do rows of other lengths); a
+    config that would read fp6 otherwise is refused when the kernel is built."""
+    for M, N, K, route in [(1, 24, 96, "fused"), (1, 24, 200, "dequantized"),
+                           (3, 24, 96, "dequantized"), (64, 24, 256, "dequantized")]:
+        x, w = integer_operands(fmt, M, N, K, torch.bfloat16)
+        assert km._route(x, w._scale_e8m0, w._data, w.elem_dtype, 32, K)[0] == route, (M, K)
+        torch.testing.assert_close(km.linear(x, w._scale_e8m0, w._data, w.elem_dtype, 32, K,
+                                             None, x.dtype), reference(x, w), rtol=0, atol=0)
+    x, w = integer_operands(fmt, 3, 24, 200, torch.bfloat16)
+    for config in (VARIANTS["rows"], VARIANTS["block_dots"], VARIANTS["scaled_dots"]):
+        with pytest.raises(Exception, match="fp6 codes are read as whole 32-bit words only"):
+            _fused(x, w, None, config)
+
+
+@pytest.mark.parametrize("fmt,variant", [(f, v) for f in FORMATS for v in VARIANTS
+                                          if f not in FP6 or v.startswith("rows")])
 @pytest.mark.parametrize("block_size", [32, 64])
 def test_fused_kernel_random_within_fp32_accumulation(fmt, variant, block_size):
     torch.manual_seed(1)
-    M, N, K = (1, 33, 3 * block_size + 10) if variant.startswith("rows") else (5, 33, 200)
+    rows_k = 3 * block_size + (16 if fmt in FP6 else 10)  # fp6: whole words
+    M, N, K = (1, 33, rows_k) if variant.startswith("rows") else (5, 33, 200)
     x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
     w = MXTensor.to_mx(torch.randn(N, K, device=DEVICE) * 4, fmt, block_size)
     bias = torch.randn(N, dtype=torch.bfloat16, device=DEVICE)

@@ -1,4 +1,4 @@
-"""The stream layout (kernels/layouts/stream_layout.py), the Gluon kernel that reads it
+"""The TMA stream layout (kernels/layouts/tma_stream_layout.py), the Gluon kernel that reads it
 (kernels/linear/stream_matmul.py) and the op torch.ops.torchmx.mx_stream_linear.
 
 Gluon kernels do not run under Triton's interpreter. On the CPU: the layout bit for bit, the
@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from torchmx import MXTensor, dtypes
-from torchmx.kernels.layouts import stream_layout as sl
+from torchmx.kernels.layouts import tma_stream_layout as sl
 from torchmx.kernels.linear import stream_matmul
 from torchmx.kernels.linear.mma_linear import FAST_SCALES
 from torchmx.mx_ops import stream_linear as op_module
@@ -27,7 +27,7 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
 
 FORMATS = ["float8_e4m3", "float8_e5m2", "int8", "float4_e2m1", "float6_e2m3", "float6_e3m2"]
 FP8 = FORMATS[:2]
-OTHER = dtypes.ExMy(3, 3)  # a custom minifloat: no stream layout
+OTHER = dtypes.ExMy(3, 3)  # a custom minifloat: no TMA stream layout
 ON_GPU = DEVICE == "cuda" and stream_matmul.usable_on(torch.device("cuda"))
 pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on sm_90 GPUs only")
@@ -110,12 +110,12 @@ def test_multiplier_exponents_refuse_what_is_not_a_weight_of_its_formats():
     scale, data = _random_parts(fmt, 64, 256)
     for bad in [(scale[:, :-1], data, fmt), (scale, data[:, :-32], fmt),
                 (scale.float(), data, fmt), (scale, data, OTHER)]:
-        with pytest.raises(ValueError, match="stream_layout.multiplier_exponents"):
+        with pytest.raises(ValueError, match="tma_stream_layout.multiplier_exponents"):
             sl.multiplier_exponents(*bad)
 
 
 def _fp4_register(words, r):
-    """What the kernel's fp4 decode (stream_layout's docstring) makes of words (int64, 32 bits)
+    """What the kernel's fp4 decode (tma_stream_layout's docstring) makes of words (int64, 32 bits)
     for register r, before scaling: bf16 pair bit patterns."""
     rotl = lambda w, k: ((w << k) | (w >> (32 - k))) & 0xFFFFFFFF  # noqa: E731
     spread = [words, rotl(words, 10), rotl(words, 13), ((words & 0x001B001B) * 0x1084)][r]
@@ -227,17 +227,17 @@ def test_fits(fmt, block, N, K, fits):
 def test_pack_and_unpack_refuse_what_does_not_fit():
     fmt = dtypes.float8_e4m3
     scale, data = _random_parts(fmt, 64, 128)
-    with pytest.raises(ValueError, match="stream_layout.pack: .* at least 256"):
+    with pytest.raises(ValueError, match="tma_stream_layout.pack: .* at least 256"):
         sl.pack(scale, data, fmt)
     scale, data = _random_parts(fmt, 64, 256)
-    with pytest.raises(ValueError, match="stream_layout.pack"):
+    with pytest.raises(ValueError, match="tma_stream_layout.pack"):
         sl.pack(scale[:, :4], data, fmt)
-    with pytest.raises(ValueError, match="stream_layout.pack"):
+    with pytest.raises(ValueError, match="tma_stream_layout.pack"):
         sl.pack(scale, data.float(), fmt)
     codes, scales = sl.pack(scale, data, fmt)
-    with pytest.raises(ValueError, match="stream_layout.unpack"):
+    with pytest.raises(ValueError, match="tma_stream_layout.unpack"):
         sl.unpack(codes[:-1], scales, fmt, 64, 256)
-    with pytest.raises(ValueError, match="stream_layout.fp6_planes: .* got shape \\(6143,\\)"):
+    with pytest.raises(ValueError, match="tma_stream_layout.fp6_planes: .* got shape \\(6143,\\)"):
         sl.fp6_planes(torch.zeros(6143, dtype=torch.uint8))
 
 
@@ -480,7 +480,7 @@ def test_op_checks_its_parts():
     with pytest.raises(ValueError, match="mx_stream_linear: the stream counters .* 1 elements"):
         _op(x, w, (codes, scales, torch.zeros(2, dtype=torch.int32, device=DEVICE)))
     x128, w128 = integer_operands("float8_e4m3", 4, 64, 128)
-    with pytest.raises(ValueError, match="mx_stream_linear: the stream layout needs"):
+    with pytest.raises(ValueError, match="mx_stream_linear: the TMA stream layout needs"):
         _op(x128, w128, (codes, scales, counters))
 
 

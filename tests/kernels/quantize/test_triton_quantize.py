@@ -351,6 +351,58 @@ def test_fused_public_function_and_non_contiguous():
         quantize_mx_rowwise_colwise(torch.zeros(4), "float8_e4m3")
 
 
+FAKE_QUANTIZE_CASES = [  # (shape, dtype, block size, scale mode, rounding): odd and partial blocks
+    ((37, 67), torch.float32, 32, "floor", "even"), ((5, 64), torch.bfloat16, 32, "rceil", "even"),
+    ((2, 3, 40), torch.float16, 8, "even", "away"), ((9, 30), torch.bfloat16, 7, "ceil", "trunc"),
+    ((1, 1), torch.float32, 32, "floor", "toward_zero"), ((0, 32), torch.bfloat16, 32, "floor", "even"),
+]
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=ALL_IDS)
+def test_fake_quantize_equals_dequantized_reference_quantize(fmt):
+    """One fused pass (QAT's fake quantize) gives dequantize(quantize(x)) bit for bit, and so
+    does the planned rows dequantize (QAT's gathered weights) where it applies."""
+    cases = FAKE_QUANTIZE_CASES if FULL else FAKE_QUANTIZE_CASES[zlib.crc32(fmt.name.encode()) % 2::2]
+    for i, (shape, dtype, block_size, scale_mode, rounding) in enumerate(cases):
+        x = wide_range_input(shape, dtype, seed=i)
+        assert tb.fake_quantize_supported(x, block_size, rounding)
+        scale, data = quantize_mx_reference(x, fmt, block_size, scale_mode=scale_mode,
+                                            rounding=rounding)
+        expected = dequantize_mx_reference(data, scale, fmt, block_size, dtype, -1,
+                                           block_dim_size=shape[-1])
+        what = f"{fmt.name} {shape} {dtype} B={block_size} {scale_mode}/{rounding}"
+        for _ in range(2):  # the first call plans the launch, the second reuses it
+            got = tb.fake_quantize_rows(x.to(DEVICE), fmt, block_size, scale_mode, rounding)
+            assert got.shape == x.shape and got.dtype == dtype
+            assert_same(expected, got, "fake quantize " + what)
+        data2, scale2 = data.reshape(-1, data.shape[-1]), scale.reshape(-1, scale.shape[-1])
+        if tb.dequantize_rows_supported(data2, scale2, fmt, block_size):  # a gathered weight's
+            for _ in range(2):
+                got = tb.dequantize_rows(data2.to(DEVICE), scale2.to(DEVICE), fmt, block_size,
+                                         dtype, shape[-1])
+                assert_same(expected.reshape(got.shape), got, "dequantize rows " + what)
+
+
+def test_fake_quantize_takes_contiguous_rows_and_no_stochastic_rounding():
+    x = torch.zeros(4, 64)
+    assert not tb.fake_quantize_supported(x.t(), 32, "even")
+    assert not tb.fake_quantize_supported(x, 32, "stochastic")
+    assert not tb.fake_quantize_supported(torch.zeros(()), 32, "even")
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_qat_fake_quantize_takes_the_fused_pass_on_cuda():
+    from torchmx.config import MXConfig
+    from torchmx.nn.functional import fake_quantize
+    x = wide_range_input((64, 96), torch.bfloat16, seed=9).cuda()
+    for config in (MXConfig("float8_e4m3"), MXConfig("float4_e2m1", scale_mode="rceil")):
+        scale, data = config.quantize(x, -1)
+        expected = torch.ops.torchmx.dequantize_mx(data, scale, config.elem_dtype_name, 32,
+                                                   x.dtype, -1)
+        assert_same(expected, fake_quantize(x, config))
+        assert_same(expected, fake_quantize(x.t().contiguous().t(), config))  # strided: ops
+
+
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 def test_ops_dispatch_to_triton_on_cuda():
     from torchmx.ops import backend_for

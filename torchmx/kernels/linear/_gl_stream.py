@@ -23,13 +23,13 @@ from .mma_linear import (DECODE_E2M3_0 as _DECODE_E2M3_0, DECODE_E2M3_1 as _DECO
 # debug_barrier).
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
-KB = gl.constexpr(128)  # codes of a row in one sub-step (stream_layout.STEP_CODES)
+KB = gl.constexpr(128)  # codes of a row in one sub-step (tma_stream_layout.STEP_CODES)
 BLOCK = gl.constexpr(32)
 EXACT_K = gl.constexpr(16)  # columns a step of the exact recomputation (half a block)
 DECODE_E4M3 = gl.constexpr(_DECODE_E4M3.value)
 DECODE_E5M2 = gl.constexpr(_DECODE_E5M2.value)
 DECODE_INT8 = gl.constexpr(_DECODE_INT8.value)
-# A word of fp4 codes in the stream layout (stream_layout.FP4_BITS) and its multiplier ->
+# A word of fp4 codes in the TMA stream layout (tma_stream_layout.FP4_BITS) and its multiplier ->
 # its four bf16 pairs: each register's bits (sign, then the magnitude as a bf16 denormal's
 # exponent and mantissa bits) masked into place in one or two instructions, then scaled.
 DECODE_E2M1 = gl.constexpr("""{ .reg .b32 r1, r2, r3, x0, x1, x2, x3;
@@ -119,7 +119,7 @@ def _loader(w_desc, wb_desc, x_desc, s_desc, w_smem, wb_smem, x_smem, s_smem, re
             SUB: gl.constexpr, FP6: gl.constexpr, PDL: gl.constexpr, PREFETCH: gl.constexpr):
     """One warp: slot i % STAGES gets the tile's sub-steps step0 + i * SUB .. (x's columns
     from (step0 + i * SUB) * KB, and W's codes, fp6: both planes, and scales: one TMA box each
-    sub-step, at row step * tiles + tile of the step-major stream layout) once its consumer
+    sub-step, at row step * tiles + tile of the step-major TMA stream layout) once its consumer
     freed it (empty), and signals `ready` when the bytes have landed. With PDL it first asks
     L2 for the part's first PREFETCH sub-steps of W and scales, then waits for the previous
     kernel: x may be its output, and W may be too (prepack)."""
@@ -199,7 +199,7 @@ def _fp6_words(a_tile, b_tile, s_row):
 @gluon.jit
 def _multiplier(exponent):
     """A block's bf16 multiplier in both halves of a word, from its byte in the stream scales
-    (the multiplier's exponent field, stream_layout; 255 gives Inf, which makes each of the
+    (the multiplier's exponent field, tma_stream_layout; 255 gives Inf, which makes each of the
     block's products Inf or NaN and so its tile's sums: the tile is recomputed exactly)."""
     return exponent * 0x00800080
 
@@ -271,7 +271,7 @@ def _decoded(words, rows, half: gl.constexpr, MP: gl.constexpr, FP4: gl.constexp
     shift = (s_index % 4) * 8 if FP4 else ((s_index // 2) % 4) * 8  # word s's block's byte
     rows = gl.convert_layout(rows, gl.SliceLayout(1, gl.SliceLayout(2, layout)))  # no moves
     m = _multiplier((rows[:, None, None] >> shift[None, None, :]) & 255)
-    if FP4:  # code (r, b) = 32 s + 16 o + 8 h + 2 t + b with r = 2 o + h (stream_layout)
+    if FP4:  # code (r, b) = 32 s + 16 o + 8 h + 2 t + b with r = 2 o + h (tma_stream_layout)
         v0, v1, v2, v3, v4, v5, v6, v7 = gl.inline_asm_elementwise(
             DECODE_E2M1, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, m], dtype=(gl.bfloat16,) * 8,
             is_pure=True, pack=1)

@@ -6,8 +6,7 @@ once to the output dtype:
 - M <= SMALL_M activation rows (decode): the fused Triton kernel of matmul_kernels.py. The
   weight stays packed in memory and is decoded in registers; the scales multiply fp32 block
   partials, so no element is ever rounded. fp6 only for one row whose weight rows are whole
-  32-bit words (K a multiple of 16), or through mma_linear (below): the dot variants read
-  3-byte groups a byte at a time, slower than the dequantize + cuBLAS path. One row of an fp8
+  32-bit words (K a multiple of 16), or through mma_linear (below). One row of an fp8
   or MXINT8 weight (one-byte codes) whose rows are whole, aligned 16-byte pieces takes
   byte_gemv.py's kernel instead, and 2..64 bf16 rows times an fp8, fp6, fp4 or MXINT8 weight
   whose rows are whole units (64 one-byte codes, 128 fp6 or fp4 codes; N a multiple of 64)
@@ -24,6 +23,14 @@ once to the output dtype:
   hold: they are rounded to bf16's subnormal grid (round half to even). fp16 activations are
   split into two bf16 parts (x = hi + lo exactly) whose products are accumulated in fp32.
 
+Routed pairs of a mixture of experts (`routed_linear`): each (token, expert) pair's row times
+its expert's weight from a 3-D MX tensor [E, N, K], all pairs in one launch of routed_gemv.py's
+kernel (the rows variant, one program per pair and tile of weight rows), optionally with
+gpt-oss's gated activation in its epilogue; up to ROUTED_MAX_PAIRS pairs (decode). Pairs of one
+expert each decode its weight: a variant that decodes each tile once for all the expert's
+pairs (block dots on the pairs sorted by expert) was measured slower on an H200 at 1 and 16
+gpt-oss tokens (benchmarks/results/gpt_oss_moe_2026-11-28_0841_nvidia-h200.txt).
+
 Which formats qualify: those whose unscaled values the activation dtype holds exactly (all
 OCP formats in bf16 and fp16; custom ExMy formats when their mantissa and exponent range fit),
 block sizes 32..256 that are powers of two, activations in bf16 or fp16.
@@ -39,7 +46,8 @@ from ... import dtypes
 from .._common import block_m_for, interpreting, packed_decode_constants, sm_count
 from .._launch import Launch
 
-__all__ = ["SMALL_M", "supported", "linear", "fused_linear", "dequantized_linear", "Config"]
+__all__ = ["SMALL_M", "supported", "linear", "fused_linear", "dequantized_linear", "Config",
+           "ROUTED_MAX_PAIRS", "routed_eligible", "routed_linear"]
 
 # Up to this many activation rows the fused kernel beats dequantize + cuBLAS (measured on an
 # H200, benchmarks/bench_gpu_matmul.py).
@@ -117,7 +125,7 @@ def _default_config(fmt: dtypes.DType, M: int, N: int, blocks_k: int, dtype: tor
         # Few rows per program, long runs of each row per step (1 KiB of fp4 or of fp8): N
         # alone gives enough programs, so K is not split and no second pass is needed. fp4
         # takes 8 rows x 64 blocks: each thread converts its x values once for the rows it
-        # holds (17.0 us at N = K = 8192 on an H100, bench_gpu_matmul.py). fp6 decodes sixteen
+        # holds (bench_gpu_matmul.py --sweep). fp6 decodes sixteen
         # codes from three words: more rows amortize the x broadcast.
         variant = ROWS
         block_n, blocks = {2: (8, 64), 4: (64, 4)}.get(fmt.codes_per_group, (8, 32))
@@ -385,7 +393,7 @@ def _route(x2: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: d
     fused = (M <= SMALL_M and _int32_offsets(x2, w_data, w_scale, M)
              and (fmt.codes_per_group != 4 or (M <= ROWS_MAX_M and _whole_words(fmt, w_data, K))
                   or mma_linear.eligible(x2, w_data, fmt, block_size)))
-    if x2.device.type == "cuda" and not fused:
+    if not fused:
         return "dequantized", None
     if byte_gemv.eligible(x2, w_data, fmt, block_size):
         return "byte_gemv", byte_gemv.default_config(N, K, x2.device)
@@ -446,3 +454,79 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
         plan = plans[key] = _plan(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
     out = plan(x2, w_scale, w_data, bias)
     return out.reshape(*x.shape[:-1], w_scale.shape[0])
+
+
+# Routed pairs per launch up to which routed_linear takes them (16 decode tokens x top-4 of
+# gpt-oss); above, each expert's rows are one F.linear (prefill).
+ROUTED_MAX_PAIRS = 64
+
+
+def routed_eligible(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
+                    fmt: dtypes.DType, block_size: int, pairs: int) -> bool:
+    """Whether routed_linear takes `pairs` routed rows of x [T, K] (bf16 / fp16) times
+    the 3-D MX weight of codes `w_data` [E, N, packed(K)] (unit stride along K; each expert's
+    offsets in 32 bits) and scale bytes `w_scale` [E, N, K / block_size]: any format of
+    `supported` but fp6."""
+    return (x.dim() == 2 and w_data.dim() == 3 and x.device == w_data.device
+            and 0 < pairs <= ROUTED_MAX_PAIRS and supported(fmt, block_size, x.dtype)
+            and fmt.codes_per_group != 4 and w_data.shape[0] > 0 and w_data.shape[1] > 0
+            and w_data.stride(2) == 1 and _int32_offsets(x, w_data[0], w_scale[0], 1))
+
+
+class RoutedPlan:
+    """routed_linear's launch for products like the one it is built from (same shapes,
+    strides, dtypes, alignments, format, bias or none, gate or none): decided once."""
+
+    def __init__(self, x, experts, w_scale, w_data, fmt: dtypes.DType, block_size: int, bias,
+                 per_row: int, swiglu):
+        from .routed_gemv import routed_rows_kernel
+        E, N, blocks_k = w_scale.shape
+        K = x.shape[1]
+        pairs = experts.numel()
+        block_n, nb = {2: (8, 64), 4: (64, 4)}.get(fmt.codes_per_group, (8, 32))
+        nb = min(nb, 1 << max(0, blocks_k - 1).bit_length())
+        expert0 = w_data[0]
+        fast = _fast_decode(fmt, x.device, ROWS,
+                            _whole_words(fmt, expert0, K) and w_data.stride(0) % 4 == 0)
+        words = _read_words(fmt, expert0, K, ROWS, fast) and w_data.stride(0) % 4 == 0
+        self.out_shape = (pairs, N // 2 if swiglu is not None else N)
+        self.dtype, self.device = x.dtype, x.device
+        alpha, limit = swiglu if swiglu is not None else (0.0, 0.0)
+        self.main = Launch(routed_rows_kernel, (pairs, -(-N // block_n)),
+            (None,) * 6 + (N, K, blocks_k, per_row, E, float(alpha), float(limit),
+                           x.stride(0), x.stride(1), *w_data.stride(), *w_scale.stride(),
+                           bias.stride(0) if bias is not None else 0, self.out_shape[1]),
+            dict(BLOCK=block_size, BLOCK_N=block_n, NB=nb,
+                 EVEN=N % block_n == 0 and K == blocks_k * block_size and blocks_k % nb == 0,
+                 HAS_BIAS=bias is not None, SWIGLU=swiglu is not None, WORDS=words, FAST=fast,
+                 INTERPRETER=interpreting(), num_warps=4, num_stages=2,
+                 **packed_decode_constants(fmt)),
+            range(6))
+
+    def __call__(self, x, experts, w_scale, w_data, bias) -> torch.Tensor:
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        self.main(x, w_data, w_scale, bias if bias is not None else out, out, experts)
+        return out
+
+
+def routed_linear(x: torch.Tensor, experts: torch.Tensor, w_scale: torch.Tensor,
+                  w_data: torch.Tensor, fmt: dtypes.DType, block_size: int,
+                  bias: Optional[torch.Tensor], per_row: int = 1, swiglu=None) -> torch.Tensor:
+    """out [P, N] (x's dtype), row p = x[p // per_row] @ W[experts[p]].T + bias[experts[p]]
+    for the P = experts.numel() routed pairs (`experts` int [P], in x's row order), W [E, N, K]
+    the MX weight given by codes `w_data` [E, N, packed(K)] and scale bytes `w_scale` [E, N,
+    K / block_size]; bias [E, N] or None. swiglu: (alpha, limit) for gpt-oss's gated
+    activation of interleaved gate / up rows, then out is [P, N / 2] (see routed_gemv.py).
+    The caller checks `routed_eligible` first."""
+    experts = experts.reshape(-1).contiguous()
+    if bias is not None:
+        bias = bias.to(x.dtype).contiguous()
+    key = ("routed", x.shape, x.stride(), x.dtype, x.data_ptr() & 15, x.device, experts.dtype,
+           experts.numel(), experts.data_ptr() & 15, fmt, block_size, w_data.shape, w_data.stride(), w_data.data_ptr() & 15,
+           w_scale.shape, w_scale.stride(), w_scale.data_ptr() & 15,
+           None if bias is None else (bias.stride(), bias.data_ptr() & 15), per_row, swiglu)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = RoutedPlan(x, experts, w_scale, w_data, fmt, block_size, bias,
+                                        per_row, swiglu)
+    return plan(x, experts, w_scale, w_data, bias)

@@ -21,7 +21,9 @@ each partial scaled once) and "scaled dots" (the values of several blocks scaled
 rounded to bf16, one dot: exact but for fp8 values below 2**-126). The dots take W as the left
 operand ("swap AB"): N fills the MMA's long side and the few activation rows are padded to 16.
 fp4 is split into its even (low nibble) and odd (high nibble) codes, each multiplied by the
-matching half of x: no interleaving of the nibbles in registers.
+matching half of x: no interleaving of the nibbles in registers. fp6 runs only in the rows
+variant, on rows of whole 32-bit words (WORDS): the only fp6 products the dispatch sends here
+(one activation row; more rows take mma_linear or dequantize + cuBLAS).
 
 Split-K: programs along K write fp32 partials [SPLIT_K, M, N] and `reduce_splits_kernel` adds
 them in a fixed order (deterministic, unlike atomics), adds the bias and rounds once.
@@ -73,8 +75,8 @@ def _raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.co
     """The packed codes of the blocks b0 .. b0 + NB - 1 as loaded (0 at or past `last` and at
     k >= K). WORDS (fp6 rows of whole, 4-byte aligned 32-bit words): the three words of each
     sixteen codes and a fourth read as 0,
-    [BLOCK_N, NB, BLOCK // 16, 4]. Else [BLOCK_N, NB, G] with G groups per block: fp6 int32
-    24-bit words of four codes (three bytes, little-endian), other formats the bytes."""
+    [BLOCK_N, NB, BLOCK // 16, 4]. Else (one-byte codes, fp4) [BLOCK_N, NB, G], the bytes of
+    the G packed groups per block."""
     j = tl.arange(0, NB)[None, :, None]
     rows = w_ptr + offs_n[:, None, None] * stride_wn
     row_ok = (offs_n < N)[:, None, None] & (b0 + j < last)
@@ -87,36 +89,24 @@ def _raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk, BLOCK: tl.co
         word = ((b0 + j4) * G16 + g) * 3 + i
         raw = tl.load(rows[:, :, :, None].to(tl.pointer_type(tl.int32)) + word, mask=ok, other=0)
     else:
+        tl.static_assert(CPG != 4, "fp6 codes are read as whole 32-bit words only (WORDS)")
         G: tl.constexpr = BLOCK // CPG  # packed groups per block
         group = (b0 + j) * G + tl.arange(0, G)[None, None, :]
-        ok = row_ok & (group * CPG < K)
-        if CPG == 4:
-            src = rows + 3 * group * stride_wk
-            raw = ((_load(src, ok, EVEN).to(tl.int32) & 0xFF)
-                   | ((_load(src + stride_wk, ok, EVEN).to(tl.int32) & 0xFF) << 8)
-                   | ((_load(src + 2 * stride_wk, ok, EVEN).to(tl.int32) & 0xFF) << 16))
-        else:
-            raw = _load(rows + group * stride_wk, ok, EVEN)
+        raw = _load(rows + group * stride_wk, row_ok & (group * CPG < K), EVEN)
     return raw
 
 
 @triton.jit
-def _split_codes(raw, BLOCK: tl.constexpr, NB: tl.constexpr, CPG: tl.constexpr):
-    """int32 codes from `_raw_codes`' groups: [BLOCK_N, NB, BLOCK], or for fp4 the even and odd
+def _split_codes(raw, CPG: tl.constexpr):
+    """int32 codes from `_raw_codes`' bytes: [BLOCK_N, NB, BLOCK], or for fp4 the even and odd
     codes, each [BLOCK_N, NB, BLOCK // 2] (code 2i is the low nibble of byte i)."""
-    if CPG == 4:
-        codes = tl.join(tl.join(raw & 0x3F, (raw >> 12) & 0x3F),
-                        tl.join((raw >> 6) & 0x3F, raw >> 18))
-        first = codes.reshape(raw.shape[0], NB, BLOCK)
-        second = first
+    codes = raw.to(tl.int32) & 0xFF
+    if CPG == 2:
+        first = codes & 0xF
+        second = codes >> 4
     else:
-        codes = raw.to(tl.int32) & 0xFF
-        if CPG == 2:
-            first = codes & 0xF
-            second = codes >> 4
-        else:
-            first = codes
-            second = codes
+        first = codes
+        second = codes
     return first, second
 
 
@@ -367,7 +357,7 @@ def _rows_partial(raw, x_row_ptr, K, b0, last, stride_xk, BLOCK: tl.constexpr,
                                       BITS, MBITS, TO_VALUE)
     else:
         STEP: tl.constexpr = 2 if CPG == 2 else 1
-        first, second = _split_codes(raw, BLOCK, NB, CPG)
+        first, second = _split_codes(raw, CPG)
         x_first, x_second = _x_row(x_row_ptr, K, b0, last, stride_xk, BLOCK, NB, STEP, EVEN)
         value = _values(first, tl.float32, FAST, IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB,
                         TO_VALUE)
@@ -404,15 +394,17 @@ def _block_scales(s_ptr, offs_n, N, b0, last, stride_sn, stride_sk, NB: tl.const
 
 
 @triton.jit
-def _rows(w_ptr, s_ptr, x_row_ptr, offs_n, N, K, first, last, blocks_per_split, stride_wn,
-          stride_wk, stride_sn, stride_sk, stride_xk, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-          NB: tl.constexpr, CPG: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr,
-          FAST: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
-          HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
-          TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
-    """fp32 [BLOCK_N]: one activation row times the blocks first .. last - 1 of W's rows offs_n.
-    Per-block sums are kept apart and added across blocks once, after the loop (no cross-thread
-    reduction per step)."""
+def row_times_blocks(w_ptr, s_ptr, x_row_ptr, offs_n, N, K, first, last, blocks_per_split,
+                     stride_wn, stride_wk, stride_sn, stride_sk, stride_xk, BLOCK: tl.constexpr,
+                     BLOCK_N: tl.constexpr, NB: tl.constexpr, CPG: tl.constexpr,
+                     EVEN: tl.constexpr, WORDS: tl.constexpr, FAST: tl.constexpr,
+                     IS_INT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+                     HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr, LSB: tl.constexpr,
+                     TO_VALUE: tl.constexpr, INTERPRETER: tl.constexpr):
+    """fp32 [BLOCK_N]: one activation row times the blocks first .. last - 1 of W's rows offs_n
+    (the rows variant's body; also routed_gemv's, one row per routed pair). Per-block sums
+    are kept apart and added across blocks once, after the loop (no cross-thread reduction
+    per step)."""
     # fp4 words and fp8 bytes: see _block_major_codes (MXINT8, bound by its int-to-float
     # conversions, measured no faster so on an H100)
     BLOCK_MAJOR: tl.constexpr = FAST == 5 or (CPG == 1 and not IS_INT)
@@ -458,7 +450,7 @@ def _dots_step(w_ptr, x_ptr, offs_n, offs_m, M, N, K, b0, last, scale, stride_wn
     W: tl.constexpr = NB * BLOCK // STEP
     dtype = x_ptr.dtype.element_ty
     first, second = _split_codes(_raw_codes(w_ptr, offs_n, N, K, b0, last, stride_wn, stride_wk,
-                                            BLOCK, NB, CPG, EVEN, False), BLOCK, NB, CPG)
+                                            BLOCK, NB, CPG, EVEN, False), CPG)
     x_first, x_second = _x_columns(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK,
                                    NB, STEP, EVEN)
     if SCALED:
@@ -512,10 +504,10 @@ def mx_weight_matmul_kernel(
     first = pid_k * blocks_per_split
     last = tl.minimum(first + blocks_per_split, blocks_k)
     if VARIANT == 0:
-        out = _rows(w_ptr, s_ptr, x_ptr + pid_m * stride_xm, offs_n, N, K, first, last,
-                    blocks_per_split, stride_wn, stride_wk, stride_sn, stride_sk, stride_xk,
-                    BLOCK, BLOCK_N, NB, CPG, EVEN, WORDS, FAST, IS_INT, BITS, MBITS, HAS_INF,
-                    HAS_NAN, LSB, TO_VALUE, INTERPRETER)
+        out = row_times_blocks(w_ptr, s_ptr, x_ptr + pid_m * stride_xm, offs_n, N, K, first,
+                               last, blocks_per_split, stride_wn, stride_wk, stride_sn,
+                               stride_sk, stride_xk, BLOCK, BLOCK_N, NB, CPG, EVEN, WORDS, FAST,
+                               IS_INT, BITS, MBITS, HAS_INF, HAS_NAN, LSB, TO_VALUE, INTERPRETER)
         rows = pid_m
         cols = offs_n
         mask = n_ok & (pid_m < M)

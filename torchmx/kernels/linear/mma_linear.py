@@ -21,9 +21,9 @@ two (fp4). Logical column L of a unit is physical column P:
 
 x is loaded in the same order, and nothing of W passes through shared memory. Every piece lies
 in one block (blocks are multiples of its 16 or 32 codes): one scale per piece, so no weight
-layout and no prepack step is needed. Given a copy of W in the piece layout (`pieces`,
-piece_layout.py: the same pieces, stored so that each warp load is contiguous), the kernel
-reads that instead and adds the split-K partials itself (`fragment_matmul.store_split`).
+layout and no prepack step is needed. Given a copy of W in the MMA layout (`pieces`,
+mma_layout.py: the same pieces, stored so that each warp load is contiguous), the kernel
+reads that instead and adds the split-K partials itself (`fp4_wgmma_matmul.store_split`).
 
 Decode, about 2 to 3 instructions per code, and one bf16x2 multiply per two codes by the
 piece's multiplier 2**(s + c) (s the scale byte, c the format's constant) that makes each
@@ -68,8 +68,8 @@ import triton.language as tl
 from ... import dtypes
 from .._tl_numerics import decode_value, scale_value
 from ..layouts.fast_decode import CHUNK, FAST_SCALES, MULTIPLIER_EXPONENT, UNITS
-from ..layouts.piece_layout import check_pieces
-from .fragment_matmul import check_tile, split_steps, store_out, store_split, usable_on
+from ..layouts.mma_layout import check_pieces
+from .fp4_wgmma_matmul import check_tile, split_steps, store_out, store_split, usable_on
 from .._common import aligned, block_m_for, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import reduce_splits_kernel
 from .._launch import Launch
@@ -237,7 +237,7 @@ def _pointers(w_ptr, s_ptr, n0, k0, c0, stride_wn, stride_sn, stride_sk, BLOCK: 
 @triton.jit
 def _piece_pointers(codes_ptr, scales_ptr, tile, first_unit, units, V: tl.constexpr,
                     U: tl.constexpr, UNIT_CODES: tl.constexpr, UNIT_BYTES: tl.constexpr):
-    """_pointers for the piece layout (piece_layout.py): the same pieces and scale bytes, of
+    """_pointers for the MMA layout (mma_layout.py): the same pieces and scale bytes, of
     units first_unit .. of the 64 V-row tile `tile`, whose W has `units` units a row."""
     iw = tl.arange(0, 4)[:, None, None, None]
     iv = tl.arange(0, V)[None, :, None, None]
@@ -649,7 +649,7 @@ def mma_linear_kernel(
     steps). The format constants are _common.packed_decode_constants' (E5M2 is HAS_INF; CPG, 1, 2 or
     4, the codes a packed group); UNIT_CODES and UNIT_BYTES the format's UNITS.
 
-    With PIECES, the fast path reads W from its piece layout (pieces_ptr, piece_scales_ptr;
+    With PIECES, the fast path reads W from its MMA layout (pieces_ptr, piece_scales_ptr;
     w_ptr and s_ptr, the standard layout, only in the exact recomputation), and the last
     program of a tile to finish adds the split-K partials (counters_ptr: a zero int32 a tile,
     left at zero); without, the partials are added by reduce_splits_kernel."""
@@ -816,7 +816,7 @@ def mma_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     four in three bytes; fp4: [N, K / 2], two a byte) and scale bytes `w_scale`
     [N, K / block_size].
 
-    `pieces`: W's piece layout (codes and scales from piece_layout.pack, blocks of 32) and its
+    `pieces`: W's MMA layout (codes and scales from mma_layout.pack, blocks of 32) and its
     int32 split counters [N / 64] (zero between calls; calls with the same counters must not
     run concurrently): the kernel then reads W from the pieces and adds the split-K partials
     itself."""

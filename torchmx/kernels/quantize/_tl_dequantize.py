@@ -13,7 +13,7 @@ from .._tl_numerics import (decode_scaled, decode_value, program_coordinates, sc
 
 
 @triton.jit
-def _values(code, byte, HW_FP8: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
+def scaled_values(code, byte, HW_FP8: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
             MBITS: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr,
             HAS_NAN: tl.constexpr, LSB: tl.constexpr, TO_VALUE: tl.constexpr):
     if HW_FP8 == 0:
@@ -81,7 +81,7 @@ def dequantize_rows_kernel(
         c2 = (word >> 12) & 0x3F
         c3 = word >> 18
         code = tl.join(tl.join(c0, c2), tl.join(c1, c3)).reshape(TILE_R, TILE_NB, BLOCK_P)
-    out = _values(code, byte[:, :, None], HW_FP8, IS_INT, BITS, MBITS, BIAS, HAS_INF, HAS_NAN, LSB,
+    out = scaled_values(code, byte[:, :, None], HW_FP8, IS_INT, BITS, MBITS, BIAS, HAS_INF, HAS_NAN, LSB,
                       TO_VALUE)
     t = tl.arange(0, BLOCK_P)
     cols = (blocks[:, None] * BLOCK + t[None, :])[None, :, :]
@@ -118,7 +118,7 @@ def dequantize_cols_kernel(
     dst = out_ptr + b * R * C + cols[None, None, :]
     if CPG == 1:
         code = tl.load(src + q * C, mask=qmask, other=0).to(tl.int32)
-        out = _values(code, byte, HW_FP8, IS_INT, BITS, MBITS, BIAS, HAS_INF, HAS_NAN, LSB,
+        out = scaled_values(code, byte, HW_FP8, IS_INT, BITS, MBITS, BIAS, HAS_INF, HAS_NAN, LSB,
                       TO_VALUE)
         tl.store(dst + first * C, to_output(out, out_ptr.dtype.element_ty, SOFT_BF16),
                  mask=(in_block < BLOCK) & (first < R) & col_ok)
@@ -132,7 +132,7 @@ def dequantize_cols_kernel(
         mask_bits: tl.constexpr = (1 << BITS) - 1
         for p in tl.static_range(CPG):
             code = (word >> (BITS * p)) & mask_bits
-            out = _values(code, byte, HW_FP8, IS_INT, BITS, MBITS, BIAS, HAS_INF, HAS_NAN, LSB,
+            out = scaled_values(code, byte, HW_FP8, IS_INT, BITS, MBITS, BIAS, HAS_INF, HAS_NAN, LSB,
                       TO_VALUE)
             tl.store(dst + (first + p) * C, to_output(out, out_ptr.dtype.element_ty, SOFT_BF16),
                      mask=(in_block + p < BLOCK) & (first + p < R) & col_ok)

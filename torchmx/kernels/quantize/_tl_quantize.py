@@ -5,6 +5,7 @@ Every kernel sees the input as a 3-d strided view [B, R, C] and writes contiguou
   rows:  blocks along C; scale [B, R, ceil(C / BLOCK)], data [B, R, packed(C)]
   cols:  blocks along R; scale [B, ceil(R / BLOCK), C], data [B, packed(R), C]
   fused: both of the above from one read of the input.
+  fake quantize: blocks along C, the MX values in x's dtype (quantize, then dequantize).
 An element's logical (row-major) index, the counter of stochastic rounding, is (b*R + r)*C + c.
 
 Packing happens in registers: along C a tile of codes is reshaped so that the codes of one
@@ -18,7 +19,8 @@ import triton
 import triton.language as tl
 
 from .._tl_numerics import (ROUND_EVEN, ROUND_STOCHASTIC, encode, inverse_scale, load_f32,
-                           program_coordinates, scale_byte, uniform_from_index)
+                           program_coordinates, scale_byte, to_output, uniform_from_index)
+from ._tl_dequantize import scaled_values
 
 
 @triton.jit
@@ -558,3 +560,39 @@ def _rows_phase(x, a, rows, index, b, tc, R, cblocks, pos, scale_ptr, data_ptr, 
     _store_packed_last(data_ptr + line * (groups_c * bytes_per_group), codes, pos,
                        tc * (NBC * (BLOCK // CPG)), groups_c, row_ok, A, NBC, CPG, BITS, BLOCK,
                        BLOCK, WORDS)
+
+
+@triton.jit
+def fake_quantize_rows_kernel(
+    x_ptr, out_ptr, R, C, tiles_r, tiles_c,
+    BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, TILE_R: tl.constexpr, TILE_NB: tl.constexpr,
+    I64: tl.constexpr, GRID: tl.constexpr, HW_ENCODE: tl.constexpr, HW_DECODE: tl.constexpr,
+    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr, BITS: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, RCEIL_FRAC: tl.constexpr, RCEIL_ZERO: tl.constexpr,
+    BIG_EMAX: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr, HAS_NAN: tl.constexpr,
+    LSB: tl.constexpr, TO_VALUE: tl.constexpr, SOFT_BF16: tl.constexpr,
+):
+    """Blocks along C; every rounding but stochastic (no element counter here). Input and
+    output contiguous [R, C]. The codes never leave registers: each is masked to its stored
+    width, the byte (or packed field) quantize_rows_kernel would store and a dequantize kernel
+    read back, so the output equals dequantize(quantize(x)) bit for bit."""
+    _, tr, tc = program_coordinates(tiles_c, tiles_r, GRID, I64)
+    rows = tr * TILE_R + tl.arange(0, TILE_R)
+    blocks = tc * TILE_NB + tl.arange(0, TILE_NB)
+    t = tl.arange(0, BLOCK_P)
+    cols = blocks[:, None] * BLOCK + t[None, :]  # [NB, BP]
+    mask = (rows < R)[:, None, None] & (cols < C)[None, :, :]
+    if BLOCK_P != BLOCK:
+        mask = mask & (t < BLOCK)[None, None, :]
+    offsets = rows[:, None, None] * C + cols[None, :, :]
+    x = load_f32(x_ptr + offsets, mask)
+    a = _abs_bits(x)
+    byte = scale_byte(tl.max(a, axis=2), SCALE_MODE, MBITS, EMAX, MAX_NORMAL, RCEIL_FRAC,
+                      RCEIL_ZERO)[:, :, None]
+    codes = _codes(x, a, byte, 0, 0, HW_ENCODE, ROUNDING, IS_INT, BITS, MBITS, EMIN, MAX_CODE,
+                   BIG_EMAX)
+    codes = codes & ((1 << BITS) - 1)  # what the data bytes hold (MXINT8: two's complement)
+    values = scaled_values(codes, byte, HW_DECODE, IS_INT, BITS, MBITS, BIAS, HAS_INF, HAS_NAN, LSB,
+                     TO_VALUE)
+    tl.store(out_ptr + offsets, to_output(values, out_ptr.dtype.element_ty, SOFT_BF16), mask=mask)

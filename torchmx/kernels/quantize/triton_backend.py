@@ -1,5 +1,5 @@
 """The Triton backend of the custom ops: MX quantize / dequantize on CUDA, bit-identical to the
-reference numerics (tests/test_triton_*.py hold every option to that).
+reference numerics (tests/kernels/quantize/test_triton_quantize.py holds every option to that).
 
 `quantize` and `dequantize` take arguments already validated by torchmx.ops and return exactly
 what quantize_mx_reference / dequantize_mx_reference return (shapes, dtypes, contiguous).
@@ -31,7 +31,8 @@ from ...numerics.rounding import seed_key
 from .._common import decode_constants, device_capability, interpreting
 from .._launch import launch
 
-__all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "TUNING"]
+__all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "fake_quantize_rows",
+           "fake_quantize_supported", "dequantize_rows", "dequantize_rows_supported", "TUNING"]
 
 # The kernels' SCALE_MODE / ROUNDING constexprs, by the names users pass (plain ints: what
 # Triton keys its specializations by).
@@ -227,8 +228,8 @@ def _thread_rows(elem_size: int, block_size: int, n: int, cpg: int, unit_stride:
 
     fp32 inputs take it for fp6 only. A thread then holds 128 input bytes per block, and
     with fp8 / MXINT8 / fp4 codes quantize_rows_kernel (a block over several threads, whole
-    sectors per load) was faster on an H100: 99.6% / 99.4% / 92.1% of copy against 62-86%
-    (docs/performance.md). For fp6 it is the other way round (89% against 46%)."""
+    sectors per load) is faster on an H100 (docs/kernels.md). For fp6 it is the other way
+    round."""
     cw = 16 // elem_size
     if os.environ.get("TORCHMX_TRITON_THREAD_ROWS", "1") == "0" or not unit_stride:
         return None
@@ -583,3 +584,106 @@ def _quantize_fused_pairs(x3, shape, strides, fmt, block_size, scale_mode, scale
         I64=_needs_i64(_span(x3), x3.numel(), data_r.numel(), data_c.numel()),
         GRID=grid_kind, WORDS=_fp6_words(cpg, block_size, C), num_warps=cfg["num_warps"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}), **consts)
+
+
+# ------------------------------------------------------------------ fake quantize (QAT forward)
+
+_FAKE_QUANTIZE_PLANS: Dict[tuple, object] = {}
+
+
+def fake_quantize_supported(x: torch.Tensor, block_size: int, rounding: str) -> bool:
+    """Whether `fake_quantize_rows` takes x: contiguous, blocks along the last dim, any
+    rounding but stochastic."""
+    return (x.dim() >= 1 and x.is_contiguous() and rounding != "stochastic"
+            and _next_pow2(block_size) <= _MAX_BLOCK_P)
+
+
+def fake_quantize_rows(x: torch.Tensor, elem_dtype: dtypes.DType, block_size: int,
+                       scale_mode: str, rounding: str) -> torch.Tensor:
+    """dequantize(quantize(x)) with blocks along the last dim, in x's dtype and shape, from
+    one kernel (fake_quantize_rows_kernel) whose launch is decided once per shape, dtype,
+    device, alignment and options (a later call allocates the output and launches). For
+    arguments validated by the caller and `fake_quantize_supported`."""
+    key = (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, elem_dtype, block_size,
+           scale_mode, rounding)
+    plan = _FAKE_QUANTIZE_PLANS.get(key)
+    if plan is None:
+        plan = _FAKE_QUANTIZE_PLANS[key] = _fake_quantize_plan(x, elem_dtype, block_size,
+                                                               scale_mode, rounding)
+    out = torch.empty_like(x)
+    if out.numel():
+        plan(x, out)
+    return out
+
+
+def _fake_quantize_plan(x, fmt, block_size, scale_mode, rounding):
+    from .._launch import Launch
+
+    C = x.shape[-1]
+    R = x.numel() // C if C else 0
+    block_p = _next_pow2(block_size)
+    blocks = _cdiv(C, block_size)
+    tile_r, tile_nb, warps = _rows_tile("quantize_rows", block_p, blocks, R)
+    tiles_r, tiles_c = _cdiv(R, tile_r), _cdiv(blocks, tile_nb)
+    grid, grid_kind = _grid(1, tiles_r, tiles_c)
+    consts = _format_constants(fmt)
+    decode = decode_constants(fmt)
+    return Launch(
+        _kernels()[0].fake_quantize_rows_kernel, grid, (x, x, R, C, tiles_r, tiles_c),
+        dict(BLOCK=block_size, BLOCK_P=block_p, TILE_R=tile_r, TILE_NB=tile_nb,
+             I64=_needs_i64(x.numel()), GRID=grid_kind,
+             HW_ENCODE=_hw_fp8(fmt, x.device, rounding), HW_DECODE=_hw_fp8(fmt, x.device),
+             SCALE_MODE=_SCALE_MODE[scale_mode], ROUNDING=_ROUNDING[rounding],
+             SOFT_BF16=interpreting(), num_warps=warps, **consts,
+             BIAS=decode["BIAS"], HAS_INF=decode["HAS_INF"], HAS_NAN=decode["HAS_NAN"],
+             LSB=decode["LSB"], TO_VALUE=decode["TO_VALUE"]),
+        slots=(0, 1))
+
+
+_DEQUANTIZE_ROWS_PLANS: Dict[tuple, object] = {}
+
+
+def dequantize_rows_supported(data: torch.Tensor, scale: torch.Tensor, elem_dtype: dtypes.DType,
+                              block_size: int) -> bool:
+    """Whether `dequantize_rows` takes these: 2-d contiguous codes and scales, blocks along the
+    last dim holding whole bytes of codes (fp8, MXINT8, fp4 with an even block size)."""
+    return (data.dim() == 2 and data.is_contiguous() and scale.is_contiguous()
+            and elem_dtype.codes_per_group in (1, 2) and block_size % elem_dtype.codes_per_group == 0
+            and _next_pow2(block_size) <= _MAX_BLOCK_P)
+
+
+def dequantize_rows(data: torch.Tensor, scale: torch.Tensor, elem_dtype: dtypes.DType,
+                    block_size: int, target_dtype: torch.dtype, n: int) -> torch.Tensor:
+    """dequantize() along the last dim of 2-d codes (n elements per row), with the launch
+    decided once per shapes, dtypes, device and alignment (QAT dequantizes every gathered
+    weight in every forward and backward). For validated arguments and
+    `dequantize_rows_supported`."""
+    key = (data.shape, data.dtype, scale.shape, data.device, data.data_ptr() % 16 == 0,
+           elem_dtype, block_size, target_dtype, n)
+    plan = _DEQUANTIZE_ROWS_PLANS.get(key)
+    if plan is None:
+        plan = _DEQUANTIZE_ROWS_PLANS[key] = _dequantize_rows_plan(
+            data.view(torch.uint8), scale, elem_dtype, block_size, n)
+    out = torch.empty((data.shape[0], n), dtype=target_dtype, device=data.device)
+    if out.numel():
+        plan(data.view(torch.uint8), scale, out)
+    return out
+
+
+def _dequantize_rows_plan(data, scale, fmt, block_size, n):
+    from .._launch import Launch
+
+    rows, cpg = data.shape[0], fmt.codes_per_group
+    block_p = _next_pow2(block_size)
+    blocks = _cdiv(n, block_size)
+    tile_r, tile_nb, warps = _rows_tile("dequantize_rows", block_p, blocks, rows)
+    tiles_r, tiles_c = _cdiv(rows, tile_r), _cdiv(blocks, tile_nb)
+    grid, grid_kind = _grid(1, tiles_r, tiles_c)
+    return Launch(
+        _kernels()[1].dequantize_rows_kernel, grid,
+        (data, scale, data, rows, n, tiles_r, tiles_c, blocks, _cdiv(n, cpg)),
+        dict(BLOCK=block_size, BLOCK_P=block_p, TILE_R=tile_r, TILE_NB=tile_nb,
+             I64=_needs_i64(rows * n, data.numel(), scale.numel()), GRID=grid_kind, CPG=cpg,
+             HW_FP8=_hw_fp8(fmt, data.device), WORDS=False, SOFT_BF16=interpreting(),
+             num_warps=warps, **decode_constants(fmt)),
+        slots=(0, 1, 2))

@@ -1,8 +1,8 @@
-"""The piece layout: a copy of an MX weight whose every warp load in `mma_linear` is contiguous.
+"""The MMA layout: a copy of an MX weight whose every warp load in `mma_linear` is contiguous.
 
 `mma_linear` (kernels/linear/mma_linear.py) reads the standard layout (codes [N, packed K], scale bytes
 [N, K / 32]) in pieces: lane `4 g + t` of warp `w` loads, for each unit of a row (64 one-byte
-codes in 64 bytes, 128 fp4 codes in 64 bytes, 128 fp6 codes in 96 bytes), the quarter `t` of
+codes in 64 bytes, 128 fp6 codes in 96 bytes), the quarter `t` of
 the unit (a piece of PIECE = unit bytes / 4) of rows `16 w + g` and `16 w + g + 8` of a 64-row
 tile. A warp load thus touches 8 rows, PIECE * 4 bytes of each. `pack` moves the pieces, and
 nothing inside them, so that each warp load reads 32 PIECE contiguous bytes and each
@@ -12,11 +12,13 @@ nothing inside them, so that each warp load reads 32 PIECE contiguous bytes and 
     scales [N / 64, K / unit, 4 (w), 8 (g), B (blk), 2 (a)]               128 B (B 2) or 256 B (4)
 
 Row `64 nb + 16 w + 8 a + g`, piece `t` of unit `kb`, and B = unit codes / 32 blocks a unit
-(2 for one-byte codes, 4 for fp4 and fp6). A piece lies in block `blk = t * B / 4`, so the two
+(2 for one-byte codes, 4 for fp6). A piece lies in block `blk = t * B / 4`, so the two
 scale bytes a lane needs per chunk (rows a = 0, 1 of its block) are adjacent. The layout is a
 permutation of bytes: the kernel decodes exactly what it decodes from the standard layout.
 
-Only blocks of 32 (the OCP MX block), N and K multiples of 64 and of a unit: `fits`.
+Only blocks of 32 (the OCP MX block), N and K multiples of 64 and of a unit: `fits`. MXFP4
+weights have no MMA layout: prepack() gives every MXFP4 weight that would fit one the
+fp4 wgmma layout (fp4_wgmma_layout.py), whose kernel is the faster.
 """
 
 from typing import Tuple
@@ -30,25 +32,25 @@ from .fast_decode import CHUNK, FAST_SCALES, UNITS
 __all__ = ["CHUNK", "FORMATS", "check_pieces", "describe", "fits", "pack", "unpack", "unit"]
 
 BLOCK = 32
-FORMATS = tuple(FAST_SCALES)  # mma_linear's formats
+FORMATS = tuple(f for f in FAST_SCALES if f != dtypes.float4_e2m1)  # mma_linear's, less fp4
 
 
 def unit(fmt: dtypes.DType) -> Tuple[int, int]:
-    """(codes, bytes) of a row in one unit of this format (mma_linear.UNITS)."""
+    """(codes, bytes) of a row in one unit of this format (fast_decode.UNITS)."""
     return UNITS[fmt.codes_per_group]
 
 
 def describe() -> str:
     """What `fits` asks, in words (for error messages)."""
     return (f"{', '.join(f.name for f in FORMATS)} in blocks of {BLOCK}, out_features a "
-            f"multiple of {CHUNK} and in_features of a unit's codes (64 one-byte, 128 fp6 or "
-            "fp4 codes)")
+            f"multiple of {CHUNK} and in_features of a unit's codes (64 one-byte or 128 fp6 "
+            "codes)")
 
 
 def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int) -> bool:
-    """Whether a weight [out_features, in_features] of this format has a piece layout: an
-    mma_linear format in blocks of 32, out_features a non-zero multiple of 64 and in_features
-    of a unit's codes (64 one-byte, 128 fp4 or fp6 codes)."""
+    """Whether a weight [out_features, in_features] of this format has an MMA layout: an
+    mma_linear format other than fp4 in blocks of 32, out_features a non-zero multiple of 64
+    and in_features of a unit's codes (64 one-byte or 128 fp6 codes)."""
     return (fmt in FORMATS and block_size == BLOCK and out_features > 0 and in_features > 0
             and out_features % CHUNK == 0 and in_features % unit(fmt)[0] == 0)
 
@@ -61,10 +63,10 @@ def _dims(fmt: dtypes.DType, N: int, K: int) -> Tuple[int, int, int, int]:
 
 def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
          ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the piece layout's
+    """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the MMA layout's
     (codes, scales): flat uint8 copies on data's device."""
     N, K = args.check_weight_parts(scale, data, fmt, BLOCK, fits, describe(),
-                                   "piece_layout.pack")
+                                   "mma_layout.pack")
     nb, kb, piece, blocks = _dims(fmt, N, K)
     codes = data.view(torch.uint8).reshape(nb, 4, 2, 8, kb, 4, piece)  # nb w a g | kb t | byte
     scales = scale.reshape(nb, 4, 2, 8, kb, blocks)                    # nb w a g | kb blk
@@ -79,7 +81,7 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
     if (not fits(fmt, BLOCK, N, K) or codes.shape != (N * K * fmt.bytes_per_group
                                                       // fmt.codes_per_group,)
             or scales.shape != (N * K // BLOCK,)):
-        raise ValueError(f"piece_layout.unpack: codes and scales must be pack's of a {fmt.name} "
+        raise ValueError(f"mma_layout.unpack: codes and scales must be pack's of a {fmt.name} "
                          f"weight [{out_features}, {in_features}], got shapes "
                          f"{tuple(codes.shape)} and {tuple(scales.shape)}")
     nb, kb, piece, blocks = _dims(fmt, N, K)
@@ -90,11 +92,11 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
 
 def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
                  device: torch.device, op: str = "mma_linear") -> None:
-    """ValueError unless `pieces` is (codes, scales, counters): piece_layout.pack's codes and
+    """ValueError unless `pieces` is (codes, scales, counters): mma_layout.pack's codes and
     scales of this weight [N, K] and int32 counters, one a 64-row tile, all contiguous 1-d
     tensors on `device`."""
     if not fits(fmt, block_size, N, K):
-        raise ValueError(f"{op}: the piece layout needs a weight of {describe()}, "
+        raise ValueError(f"{op}: the MMA layout needs a weight of {describe()}, "
                          f"got {fmt.name} [{N}, {K}] in blocks of {block_size}")
     if not isinstance(pieces, (tuple, list)) or len(pieces) != 3:
         got = (f"a {type(pieces).__name__} of {len(pieces)}" if isinstance(pieces, (tuple, list))
@@ -105,4 +107,4 @@ def check_pieces(pieces, fmt: dtypes.DType, block_size: int, N: int, K: int,
     for name, t, (numel, dtype, alignment) in zip(("codes", "scales", "counters"), pieces,
                                                  expected):
         args.check_flat_part(t, f"{op}: the pieces' {name}", numel, dtype, device, alignment,
-                             "piece_layout.pack")
+                             "mma_layout.pack")

@@ -1,9 +1,9 @@
-"""x [M, K] bf16 @ W.T for an MXFP4 weight W [N, K] in the fragment layout, on Hopper (sm_90).
+"""x [M, K] bf16 @ W.T for an MXFP4 weight W [N, K] in the fp4 wgmma layout, on Hopper (sm_90).
 
-The weight comes from `fragment_layout.preshuffle`: each thread's 16 bytes per 64 x 64 chunk of
+The weight comes from `fp4_wgmma_layout.preshuffle`: each thread's 16 bytes per 64 x 64 chunk of
 W are the codes of its wgmma A-operand registers, so the kernel loads them straight into
 registers, decodes 8 codes with 4 rotates, 5 logic ops and 4 bf16x2 multiplies (the multiply
-applies the block scale: exact, see fragment_layout), and feeds wgmma with no shared-memory
+applies the block scale: exact, see fp4_wgmma_layout), and feeds wgmma with no shared-memory
 staging of W. It computes out^T = W x^T ("swap AB": the activation rows, at most 64, are wgmma's
 N dimension, and x^T goes through shared memory). Products are exact (bf16 x bf16), sums are
 fp32, and the result (plus bias, in fp32) is rounded once: the contract of kernels/linear/dispatch.py.
@@ -42,11 +42,11 @@ import triton
 import triton.language as tl
 
 from .._tl_numerics import to_output
-from ..layouts.fragment_layout import CHUNK
+from ..layouts.fp4_wgmma_layout import CHUNK
 from .._common import block_m_for, device_capability, interpreting, sm_count
 from .._launch import launch
 
-__all__ = ["FragmentConfig", "default_config", "fragment_linear", "store_out", "store_split",
+__all__ = ["Fp4WgmmaConfig", "default_config", "fp4_wgmma_linear", "store_out", "store_split",
            "usable_on"]
 
 _DECODE = """{
@@ -110,7 +110,7 @@ def _half_value(bits, scale):
 
 @triton.jit
 def _decode_reference(word, s):
-    """The interpreter's decode: the bit program of fragment_layout.PAIR_DECODE on int64 words
+    """The interpreter's decode: the bit program of fp4_wgmma_layout.PAIR_DECODE on int64 words
     and scale bytes s, giving the 8 values (fp32) in the order of `_decode_asm`."""
     p0 = word & 0x81C081C0
     p1 = _rotl(word, 4) & 0x81C081C0
@@ -237,7 +237,7 @@ def split_steps(pid_k, steps, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def fp4_fragment_matmul_kernel(
+def fp4_wgmma_matmul_kernel(
     x_ptr, codes_ptr, scales_ptr, bias_ptr, out_ptr, partials_ptr, counters_ptr,
     M, N, K, steps, stride_xm, stride_om,
     BLOCK_M: tl.constexpr, V: tl.constexpr, U: tl.constexpr, SPLIT: tl.constexpr,
@@ -306,7 +306,7 @@ def fp4_fragment_matmul_kernel(
 
 
 @dataclass(frozen=True)
-class FragmentConfig:
+class Fp4WgmmaConfig:
     """Launch parameters: activation rows per program (16, 32 or 64), a tile of 64 V rows x
     64 U columns of W per step, K split over `split` programs, W's words loaded `ahead` (1 or
     2) steps before their decode, and a cap on registers per thread (`maxnreg`, None: ptxas
@@ -323,7 +323,7 @@ class FragmentConfig:
 
     def __post_init__(self):
         if self.block_m not in (16, 32, 64):
-            raise ValueError(f"FragmentConfig: block_m must be 16, 32 or 64, got {self.block_m!r}")
+            raise ValueError(f"Fp4WgmmaConfig: block_m must be 16, 32 or 64, got {self.block_m!r}")
         check_tile(self)
 
 
@@ -358,7 +358,7 @@ def usable_on(device: torch.device) -> bool:
 _PROGRAMS_PER_SM = {16: 5, 32: 3, 64: 2}
 
 
-def default_config(M: int, N: int, K: int, device: torch.device) -> FragmentConfig:
+def default_config(M: int, N: int, K: int, device: torch.device) -> Fp4WgmmaConfig:
     """From N = K = 8192 sweeps on an H100 (benchmarks/bench_gpu_matmul.py --sweep and
     interleaved A/B timings): up to 16 rows, 64-row tiles of W loaded two steps ahead, with K
     split so that about 5 programs share each SM; above, 128-row tiles (the wgmma bookkeeping
@@ -373,25 +373,25 @@ def default_config(M: int, N: int, K: int, device: torch.device) -> FragmentConf
     split = max(1, min(steps, round(programs / tiles)))
     # 32 rows: ptxas takes 178 registers a thread, which leaves 2 programs a SM, not 3
     maxnreg = 168 if block_m == 32 else None
-    return FragmentConfig(block_m, v, u, split, num_warps=8 if block_m == 64 and v == 2 else 4,
+    return Fp4WgmmaConfig(block_m, v, u, split, num_warps=8 if block_m == 64 and v == 2 else 4,
                           ahead=2 if block_m == 16 else 1, maxnreg=maxnreg)
 
 
-def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+def fp4_wgmma_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                     counters: torch.Tensor, N: int, fold: bool, bias: Optional[torch.Tensor],
-                    config: Optional[FragmentConfig] = None) -> torch.Tensor:
+                    config: Optional[Fp4WgmmaConfig] = None) -> torch.Tensor:
     """x [M, K] bf16 (1 <= M <= 64, contiguous) @ W.T + bias, rounded once to bf16, for W
-    [N, K] given by the fragment layout's `codes` and `scales` (fragment_layout.preshuffle),
+    [N, K] given by the fp4 wgmma layout's `codes` and `scales` (fp4_wgmma_layout.preshuffle),
     its int32 split counters [N / 64] (zero between calls) and `fold`
-    (fragment_layout.fold_scales)."""
+    (fp4_wgmma_layout.fold_scales)."""
     M, K = x.shape
     cfg = config or default_config(M, N, K, x.device)
     if not (1 <= M <= cfg.block_m and N % (CHUNK * cfg.v) == 0 and K % (CHUNK * cfg.u) == 0):
-        raise ValueError(f"fragment_linear: config {cfg} does not fit M={M}, N={N}, K={K}")
+        raise ValueError(f"fp4_wgmma_linear: config {cfg} does not fit M={M}, N={N}, K={K}")
     if x.dtype != torch.bfloat16 or not x.is_contiguous():
-        raise ValueError("fragment_linear: x must be a contiguous bf16 matrix")
+        raise ValueError("fp4_wgmma_linear: x must be a contiguous bf16 matrix")
     if bias is not None and not bias.is_contiguous():
-        raise ValueError("fragment_linear: bias must be contiguous")
+        raise ValueError("fp4_wgmma_linear: bias must be contiguous")
     steps = K // (CHUNK * cfg.u)
     split = min(cfg.split, steps)
     interpreter = interpreting()
@@ -399,7 +399,7 @@ def fragment_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     partials = (torch.empty((split, cfg.block_m, N), dtype=torch.float32, device=x.device)
                 if split > 1 else out)
     grid = (N // (CHUNK * cfg.v), split)
-    launch(fp4_fragment_matmul_kernel, grid,
+    launch(fp4_wgmma_matmul_kernel, grid,
         x, codes, scales, bias if bias is not None else out, out, partials, counters,
         M, N, K, steps, x.stride(0), out.stride(0),
         BLOCK_M=cfg.block_m, V=cfg.v, U=cfg.u, SPLIT=split, FOLD=fold,

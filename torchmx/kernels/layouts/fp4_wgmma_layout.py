@@ -1,8 +1,8 @@
-"""The fragment layout of an MXFP4 weight: each thread's 16 bytes are its Hopper wgmma operand.
+"""The fp4 wgmma layout of an MXFP4 weight: each thread's 16 bytes are its Hopper wgmma operand.
 
 The standard layout (an MXTensor [N, K], blocks of 32 along K) stores codes [N, K / 2] (code
 2i in the low nibble of byte i) and scale bytes [N, K / 32]. `preshuffle` rearranges both for
-`fragment_matmul.py`, whose kernel multiplies W (as wgmma's A operand, taken from registers)
+`fp4_wgmma_matmul.py`, whose kernel multiplies W (as wgmma's A operand, taken from registers)
 by x^T. In wgmma's m64nNk16 A fragment, lane `4 g + t` of warp `w` holds rows `16 w + g` and
 `16 w + g + 8` and columns `2 t`, `2 t + 1`, `2 t + 8`, `2 t + 9` of each 64 x 16 slice. Per
 64 x 64 chunk (nb, kb) of W:
@@ -72,7 +72,7 @@ STORED_BIT = _stored_bits()
 
 
 def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int) -> bool:
-    """Whether a weight [out_features, in_features] of this format has a fragment layout:
+    """Whether a weight [out_features, in_features] of this format has an fp4 wgmma layout:
     fp4 (e2m1), blocks of 32, both dims non-zero multiples of 64."""
     return (fmt == dtypes.float4_e2m1 and block_size == 32 and out_features > 0
             and in_features > 0 and out_features % CHUNK == 0 and in_features % CHUNK == 0)
@@ -90,7 +90,7 @@ PRESHUFFLE_ROWS = 1024
 
 
 def _shuffle_codes(data: torch.Tensor) -> torch.Tensor:
-    """Packed fp4 bytes [n, K / 2] (n a multiple of 64) -> the fragment layout's code bytes
+    """Packed fp4 bytes [n, K / 2] (n a multiple of 64) -> the fp4 wgmma layout's code bytes
     [n / 64, K / 64, 4, 32, 16] (uint8)."""
     n, K = data.shape[0], 2 * data.shape[1]
     nb, kb = n // CHUNK, K // CHUNK

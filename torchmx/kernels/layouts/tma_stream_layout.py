@@ -1,4 +1,4 @@
-"""The stream layout: a copy of an MX weight that `stream_linear` reads as one run per step.
+"""The TMA stream layout: a copy of an MX weight that `stream_linear` reads as one run per step.
 
 `stream_linear` (kernels/linear/stream_matmul.py) gives each 64-row tile of W [N, K] one CTA, which
 streams the tile's steps (64 rows x 128 codes: 128 bytes a row for one-byte codes, 64 for fp4)
@@ -120,7 +120,7 @@ def describe() -> str:
 
 
 def fits(fmt: dtypes.DType, block_size: int, out_features: int, in_features: int) -> bool:
-    """Whether a weight [out_features, in_features] of this format has a stream layout."""
+    """Whether a weight [out_features, in_features] of this format has a TMA stream layout."""
     return (fmt in FORMATS and block_size == BLOCK and out_features > 0
             and out_features % CHUNK == 0 and in_features % STEP_CODES == 0
             and in_features >= 2 * STEP_CODES
@@ -155,7 +155,7 @@ def fp6_planes(codes: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     64 rows, 64 bytes] and [.., 32 bytes]."""
     step = CHUNK * step_bytes(FP6[0])  # bytes of a tile's step, both planes
     if codes.dim() != 1 or codes.numel() % step:
-        raise ValueError(f"stream_layout.fp6_planes: codes must be pack's flat fp6 codes (a "
+        raise ValueError(f"tma_stream_layout.fp6_planes: codes must be pack's flat fp6 codes (a "
                          f"multiple of {step} bytes), got shape {tuple(codes.shape)}")
     a_bytes = codes.numel() * FP6_PLANES[0] // sum(FP6_PLANES)
     a, b = codes.split([a_bytes, codes.numel() - a_bytes])
@@ -186,7 +186,7 @@ def multiplier_exponents(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DT
     args.check_weight_parts(scale, data, fmt, BLOCK,
                             lambda f, b, n, k: f in FORMATS and b == BLOCK and n * k > 0,
                             f"{', '.join(f.name for f in FORMATS)} in blocks of {BLOCK}",
-                            "stream_layout.multiplier_exponents")
+                            "tma_stream_layout.multiplier_exponents")
     low, high = FAST_SCALES[fmt]
     # a code's bits but its sign (MXINT8's two's complement codes: all of them)
     signless = (1 << (fmt.bits - 1)) - 1 if fmt.is_float else (1 << fmt.bits) - 1
@@ -208,10 +208,10 @@ def multiplier_exponents(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DT
 
 def pack(scale: torch.Tensor, data: torch.Tensor, fmt: dtypes.DType
          ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the stream layout's
+    """Standard parts (scale bytes [N, K / 32], codes [N, packed K]) -> the TMA stream layout's
     (codes, scales): flat uint8 copies on data's device (scales: multiplier_exponents')."""
     N, K = args.check_weight_parts(scale, data, fmt, BLOCK, fits, describe(),
-                                   "stream_layout.pack")
+                                   "tma_stream_layout.pack")
     nb, steps = N // CHUNK, K // STEP_CODES
     scales = multiplier_exponents(scale, data, fmt)
     scales = scales.reshape(nb, CHUNK, steps, STEP_CODES // BLOCK).permute(2, 0, 1, 3)
@@ -244,7 +244,7 @@ def unpack(codes: torch.Tensor, scales: torch.Tensor, fmt: dtypes.DType, out_fea
     if (not fits(fmt, BLOCK, N, K)
             or codes.shape != (N * K * fmt.bytes_per_group // fmt.codes_per_group,)
             or scales.shape != (N * K // BLOCK,)):
-        raise ValueError(f"stream_layout.unpack: codes and scales must be pack's of a "
+        raise ValueError(f"tma_stream_layout.unpack: codes and scales must be pack's of a "
                          f"{fmt.name} weight [{out_features}, {in_features}] of {describe()}, "
                          f"got shapes {tuple(codes.shape)} and {tuple(scales.shape)}")
     nb, steps = N // CHUNK, K // STEP_CODES
