@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output directory for report.json and per_layer_sqnr.png, created if "
                              "missing (default torchmx-report)")
     parser.add_argument("--repeat", type=_positive("--repeat"), default=15, metavar="N",
-                        help="timed forward passes per model, after 3 warm-up passes, in alternation "
-                             "with the full-precision model; the median is reported (default 15)")
+                        help="timed forward passes per model, after 3 warm-up passes, in rounds of one "
+                             "pass of every model; the median is reported (default 15)")
     parser.add_argument("--threads", type=_positive("--threads"), metavar="N",
                         help="PyTorch's CPU thread count for the whole run (default: PyTorch's own, "
                              "one a core)")

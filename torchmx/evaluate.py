@@ -10,9 +10,9 @@
   sentence keep its closest other sentence?);
 - model bytes (parameters and buffers) and the median forward time on the tokenized sentence
   batch (the same work every call), after warm-up calls, with the garbage collector paused and
-  a fixed thread count, timed in alternation with the full-precision model so that a burst of
-  load on the machine slows both alike (the full-precision time is the median of all its
-  samples).
+  a fixed thread count. Every model (full precision and each recipe's) is kept until the end
+  and timed in rounds of one call each, so that a stretch of load on the machine slows all of
+  them alike.
 """
 
 import copy
@@ -109,7 +109,7 @@ class RecipeResult:
     model_bytes: int
     linear_bytes: int  # parameters and buffers of the quantized linear layers only
     forward_ms: float
-    forward_vs_full_precision: float  # forward_ms / the full-precision median timed alongside
+    forward_vs_full_precision: float  # forward_ms / the full-precision median, timed in the same rounds
     forward_ms_samples: List[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -296,7 +296,7 @@ def _evaluate(encoder, recipes, sentences, model_name, repeat, progress, log) ->
     modules = dict(model.named_modules())
     reference_neighbours = nearest_neighbours(reference)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    full_precision_ms = []
+    quantized_models = []
     for recipe in (progress or (lambda r: r))(recipes):
         qconfig = recipe.qconfig()
         with torch.inference_mode():
@@ -307,9 +307,7 @@ def _evaluate(encoder, recipes, sentences, model_name, repeat, progress, log) ->
         quantize_linear_(quantized.model, qconfig, progress=False)
         embeddings = quantized.embed(sentences)
         cosine = (embeddings * reference).sum(dim=1)
-        baseline, timed = _interleaved_ms([_forward(model, batch), _forward(quantized.model, batch)],
-                                          repeat, synchronize)
-        full_precision_ms += baseline
+        quantized_models.append(quantized.model)
         report.results.append(RecipeResult(
             recipe=recipe,
             per_layer_sqnr_db=per_layer,
@@ -319,12 +317,17 @@ def _evaluate(encoder, recipes, sentences, model_name, repeat, progress, log) ->
                 (nearest_neighbours(embeddings) == reference_neighbours).float().mean()),
             model_bytes=model_bytes(quantized.model),
             linear_bytes=_layers_bytes(quantized.model, io),
-            forward_ms=statistics.median(timed),
-            forward_vs_full_precision=statistics.median(timed) / statistics.median(baseline),
-            forward_ms_samples=timed,
+            forward_ms=float("nan"), forward_vs_full_precision=float("nan"),
         ))
-    if not full_precision_ms:
-        full_precision_ms = _interleaved_ms([_forward(model, batch)], repeat, synchronize)[0]
+    # Every model in each round, one call each: a stretch of load from another process (tens of
+    # seconds on a shared machine) falls on all of them alike instead of on one recipe's calls.
+    log(f"timing {len(quantized_models) + 1} models: {repeat} rounds of one forward pass each")
+    full_precision_ms, *timed = _interleaved_ms(
+        [_forward(model, batch)] + [_forward(m, batch) for m in quantized_models], repeat, synchronize)
     report.forward_ms = statistics.median(full_precision_ms)
     report.forward_ms_samples = full_precision_ms
+    for result, samples in zip(report.results, timed):
+        result.forward_ms = statistics.median(samples)
+        result.forward_vs_full_precision = result.forward_ms / report.forward_ms
+        result.forward_ms_samples = samples
     return report

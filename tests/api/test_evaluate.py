@@ -1,5 +1,7 @@
 """The evaluation's parts that need no model: recipes, timing, chart labels."""
 
+import statistics
+
 import pytest
 import torch
 from torch import nn
@@ -147,6 +149,24 @@ def test_evaluate_runs_with_the_thread_count_asked_and_gives_it_back():
                               repeat=2, threads=1)
     assert set(seen) == {1} and torch.get_num_threads() == before
     assert len(report.results[0].forward_ms_samples) == 2 and len(report.forward_ms_samples) == 2
+    result = report.results[0]
+    assert result.forward_ms == statistics.median(result.forward_ms_samples)
+    assert result.forward_vs_full_precision == result.forward_ms / statistics.median(report.forward_ms_samples)
+
+
+def test_every_model_is_timed_in_the_same_rounds(monkeypatch):
+    """One call of each model (full precision first) per round, after every recipe's other
+    measurements, whichever the number of recipes."""
+    import torchmx.evaluate as evaluate
+
+    calls = []
+    monkeypatch.setattr(evaluate, "_interleaved_ms", lambda fns, repeat, synchronize: (
+        calls.append((len(fns), repeat)) or [[float(i + 1)] * repeat for i in range(len(fns))]))
+    report = evaluate_encoder(TinyEncoder([]), [Recipe("float8_e4m3"), Recipe("int8")],
+                              ["a", "b", "c", "d"], repeat=3)
+    assert calls == [(3, 3)]
+    assert report.forward_ms_samples == [1.0] * 3
+    assert [(r.forward_ms, r.forward_vs_full_precision) for r in report.results] == [(2.0, 2.0), (3.0, 3.0)]
 
 
 def test_environment_names_versions_device_and_date():
