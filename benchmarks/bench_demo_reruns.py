@@ -52,8 +52,10 @@ def main(argv=None):
     if args.runs < 2:
         parser.error("--runs must be at least 2")
 
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         reports = [_run_demo(pathlib.Path(tmp, f"run{i}"), args.demo_args) for i in range(args.runs)]
+    load_after = os.getloadavg()[0]
 
     first = _without_timings(reports[0])
     for i, report in enumerate(reports[1:], 1):
@@ -67,6 +69,8 @@ def main(argv=None):
              f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, device {device} "
              f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores), "
              f"torch {env.get('torch', '?')}, torchmx {env.get('torchmx', '?')}",
+             f"# load average (1 min) {load_before:.1f} before the runs, {load_after:.1f} after "
+             "(other processes sharing the cores slow and scatter every timing)",
              "# numerics identical across runs (everything in report.json but the timings)",
              f"{'recipe':<34}" + "".join(f"{'run ' + str(i) + ' ms':>12}" for i in range(args.runs))
              + f"{'spread':>9}" + "".join(f"{'vs fp ' + str(i):>10}" for i in range(args.runs))

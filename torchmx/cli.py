@@ -73,14 +73,16 @@ def _block_sizes(value: str) -> List[int]:
     return sizes
 
 
-def _repeat(value: str) -> int:
-    try:
-        repeat = int(value)
-    except ValueError:
-        raise UsageError(f"--repeat must be an integer, got {value!r}") from None
-    if repeat < 1:
-        raise UsageError(f"--repeat must be >= 1, got {repeat}")
-    return repeat
+def _positive(option: str):
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise UsageError(f"{option} must be an integer, got {value!r}") from None
+        if number < 1:
+            raise UsageError(f"{option} must be >= 1, got {number}")
+        return number
+    return parse
 
 
 def _device(value: str):
@@ -132,9 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("torchmx-report"), metavar="DIR",
                         help="output directory for report.json and per_layer_sqnr.png, created if "
                              "missing (default torchmx-report)")
-    parser.add_argument("--repeat", type=_repeat, default=7, metavar="N",
-                        help="timed forward passes per model, in alternation with the full-precision "
-                             "model; the median is reported (default 7)")
+    parser.add_argument("--repeat", type=_positive("--repeat"), default=15, metavar="N",
+                        help="timed forward passes per model, after 3 warm-up passes, in rounds of one "
+                             "pass of every model; the median is reported (default 15)")
+    parser.add_argument("--threads", type=_positive("--threads"), metavar="N",
+                        help="PyTorch's CPU thread count for the whole run (default: PyTorch's own, "
+                             "one a core)")
     return parser
 
 
@@ -272,7 +277,7 @@ def _evaluate(opts, argv: List[str]) -> None:
         raise UsageError(str(error)) from None
     _log(f"loaded {name} in {time.perf_counter() - start:.1f} s; {len(recipes)} recipe(s) to measure")
     report = evaluate_encoder(encoder, recipes, sentences, model_name=name, repeat=opts.repeat,
-                              progress=_progress, log=_log)
+                              threads=opts.threads, progress=_progress, log=_log)
     report.environment["command"] = shlex.join(["torchmx", *argv])
     write_json(report, opts.out / "report.json")
     write_chart(report, opts.out / "per_layer_sqnr.png")

@@ -8,13 +8,17 @@
 - end to end: the whole model quantized with `quantize_linear_`; cosine similarity of its
   sentence embeddings with the full-precision ones, and nearest-neighbour agreement (does each
   sentence keep its closest other sentence?);
-- model bytes (parameters and buffers) and the median forward time on the sentence batch, timed
-  in alternation with the full-precision model so that a burst of load on the machine slows
-  both alike (the full-precision time is the median of all its samples).
+- model bytes (parameters and buffers) and the median forward time on the tokenized sentence
+  batch (the same work every call), after warm-up calls, with the garbage collector paused and
+  a fixed thread count. Every model (full precision and each recipe's) is kept until the end
+  and timed in rounds of one call each, so that a stretch of load on the machine slows all of
+  them alike.
 """
 
 import copy
+import contextlib
 import datetime
+import gc
 import platform
 import statistics
 import time
@@ -105,7 +109,7 @@ class RecipeResult:
     model_bytes: int
     linear_bytes: int  # parameters and buffers of the quantized linear layers only
     forward_ms: float
-    forward_vs_full_precision: float  # forward_ms / the full-precision median timed alongside
+    forward_vs_full_precision: float  # forward_ms / the full-precision median, timed in the same rounds
     forward_ms_samples: List[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -134,23 +138,55 @@ class EncoderReport:
         return out
 
 
+WARM_UP_CALLS = 3
+
+
 def _interleaved_ms(fns: Sequence[Callable[[], object]], repeat: int,
                     synchronize: Callable[[], None] = lambda: None) -> List[List[float]]:
-    """Times (ms) of `repeat` calls of each function, called in turn, after a warm-up call of
-    each (the first calls of a model build caches and allocate its buffers: the caller has run
-    each model once already). `synchronize` waits for the device (a GPU runs the calls
-    asynchronously)."""
+    """Times (ms) of `repeat` calls of each function, called in turn, after WARM_UP_CALLS
+    calls of each (the first calls of a model build caches, allocate buffers and settle the
+    CPU's clocks and caches). The garbage collector is paused while timing: a collection
+    landing in one call would charge that call for every earlier allocation. `synchronize`
+    waits for the device (a GPU runs the calls asynchronously)."""
     for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, samples in zip(fns, times):
-            synchronize()
-            start = time.perf_counter()
+        for _ in range(WARM_UP_CALLS):
             fn()
-            synchronize()
-            samples.append(1e3 * (time.perf_counter() - start))
+    times = [[] for _ in fns]
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            for fn, samples in zip(fns, times):
+                synchronize()
+                start = time.perf_counter()
+                fn()
+                synchronize()
+                samples.append(1e3 * (time.perf_counter() - start))
+    finally:
+        if collecting:
+            gc.enable()
     return times
+
+
+@contextlib.contextmanager
+def _threads(count: Optional[int]):
+    """torch's intra-op thread count fixed to `count` (None: left as it is), restored after."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _forward(model: nn.Module, batch: dict) -> Callable[[], object]:
+    """One forward pass of `model` on the tokenized `batch`, without gradients (as `embed`)."""
+    def forward():
+        with torch.no_grad():
+            return model(**batch)
+    return forward
 
 
 def _cpu_name() -> str:
@@ -223,16 +259,24 @@ def check_block_size(model: nn.Module, block_size: int, layers: Optional[Iterabl
 
 
 def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str] = DEMO_SENTENCES,
-                     *, model_name: str = "encoder", repeat: int = 7,
+                     *, model_name: str = "encoder", repeat: int = 15, threads: Optional[int] = None,
                      progress: Optional[Callable[[Iterable], Iterable]] = None,
                      log: Optional[Callable[[str], None]] = None) -> EncoderReport:
     """Measure every recipe on `encoder` (an object with `.model`, `.tokenize(sentences)` and
     `.embed(sentences)`, such as torchmx.models.MiniLM). The encoder is left unchanged.
 
-    `repeat`: timed forward passes of each model; `progress` wraps the iterable of recipes (e.g.
-    tqdm); `log` receives a line at the start of each phase."""
+    `repeat`: timed forward passes of each model; `threads`: torch's thread count for the whole
+    evaluation (default: as it is), recorded in the report's environment; `progress` wraps the
+    iterable of recipes (e.g. tqdm); `log` receives a line at the start of each phase."""
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be an int >= 1 or None, got {threads!r}")
+    with _threads(threads):
+        return _evaluate(encoder, recipes, sentences, model_name, repeat, progress, log)
+
+
+def _evaluate(encoder, recipes, sentences, model_name, repeat, progress, log) -> EncoderReport:
     model = encoder.model
     for recipe in recipes:  # every mistake before the work
         recipe.qconfig()
@@ -252,7 +296,7 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
     modules = dict(model.named_modules())
     reference_neighbours = nearest_neighbours(reference)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    full_precision_ms = []
+    quantized_models = []
     for recipe in (progress or (lambda r: r))(recipes):
         qconfig = recipe.qconfig()
         with torch.inference_mode():
@@ -263,9 +307,7 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
         quantize_linear_(quantized.model, qconfig, progress=False)
         embeddings = quantized.embed(sentences)
         cosine = (embeddings * reference).sum(dim=1)
-        baseline, timed = _interleaved_ms([lambda: encoder.embed(sentences),
-                                           lambda: quantized.embed(sentences)], repeat, synchronize)
-        full_precision_ms += baseline
+        quantized_models.append(quantized.model)
         report.results.append(RecipeResult(
             recipe=recipe,
             per_layer_sqnr_db=per_layer,
@@ -275,12 +317,17 @@ def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str
                 (nearest_neighbours(embeddings) == reference_neighbours).float().mean()),
             model_bytes=model_bytes(quantized.model),
             linear_bytes=_layers_bytes(quantized.model, io),
-            forward_ms=statistics.median(timed),
-            forward_vs_full_precision=statistics.median(timed) / statistics.median(baseline),
-            forward_ms_samples=timed,
+            forward_ms=float("nan"), forward_vs_full_precision=float("nan"),
         ))
-    if not full_precision_ms:
-        full_precision_ms = _interleaved_ms([lambda: encoder.embed(sentences)], repeat, synchronize)[0]
+    # Every model in each round, one call each: a stretch of load from another process (tens of
+    # seconds on a shared machine) falls on all of them alike instead of on one recipe's calls.
+    log(f"timing {len(quantized_models) + 1} models: {repeat} rounds of one forward pass each")
+    full_precision_ms, *timed = _interleaved_ms(
+        [_forward(model, batch)] + [_forward(m, batch) for m in quantized_models], repeat, synchronize)
     report.forward_ms = statistics.median(full_precision_ms)
     report.forward_ms_samples = full_precision_ms
+    for result, samples in zip(report.results, timed):
+        result.forward_ms = statistics.median(samples)
+        result.forward_vs_full_precision = result.forward_ms / report.forward_ms
+        result.forward_ms_samples = samples
     return report

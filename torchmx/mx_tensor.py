@@ -380,15 +380,16 @@ def dequantize(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
 # The autograd functions and the op table import this module: import them last.
 from . import autograd as _autograd  # noqa: E402
 from .autograd import FromMXConstrFunc, NoopFwToMXBw, ToMXConstrFunc  # noqa: E402
+from ._dynamo_rules import allow_in_graph  # noqa: E402
 
 
-@torch._dynamo.allow_in_graph
+@allow_in_graph
 def _to_mx(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim, seed, ste):
     return ToMXConstrFunc.apply(data_hp, elem_dtype_name, block_size, scale_mode, rounding,
                                 block_dim, seed, ste)
 
 
-@torch._dynamo.allow_in_graph
+@allow_in_graph
 def _from_mx_function(tensor, dtype):
     return FromMXConstrFunc.apply(tensor, dtype)
 

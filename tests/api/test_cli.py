@@ -50,9 +50,9 @@ def test_report_fields(report_dir):
     assert w4a8["linear_bytes"] == fp4["linear_bytes"]
     assert w4a8["cosine_mean"] > fp4["cosine_mean"]
     assert all(result["forward_vs_full_precision"] > 0 for result in report["results"])
-    # --repeat 1: one timed call of each model, the full-precision one beside each recipe's
+    # --repeat 1: one round, one timed call of every model
     assert [len(result["forward_ms_samples"]) for result in report["results"]] == [1, 1, 1]
-    assert len(report["forward_ms_samples"]) == 3
+    assert len(report["forward_ms_samples"]) == 1
 
 
 def test_report_records_the_environment(report_dir):
@@ -69,6 +69,7 @@ def test_progress_lines_when_stderr_is_not_a_terminal(report_dir):
     assert lines[0].startswith("torchmx: loaded all-MiniLM-L6-v2 in ")
     assert "torchmx: full-precision reference on 16 sentences" in lines
     assert "torchmx: recipe 3/3: float4_e2m1/float8_e4m3 floor even b32 W+A" in lines
+    assert lines[-1] == "torchmx: timing 4 models: 1 rounds of one forward pass each"
 
 
 def test_chart_is_a_png(report_dir):
@@ -102,6 +103,8 @@ def no_model(monkeypatch):
     (["--block-sizes", "x"], "block sizes must be integers"),
     (["--repeat", "0"], "--repeat must be >= 1, got 0"),
     (["--repeat", "two"], "--repeat must be an integer, got 'two'"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--threads", "all"], "--threads must be an integer, got 'all'"),
     (["--device", "foo"], "--device 'foo' is not a device; allowed: cpu, cuda, cuda:N"),
     (["--device", "tpu"], "--device 'tpu' is not a device; allowed: cpu, cuda, cuda:N"),
     (["--device", "meta"], "--device meta: meta is not supported; allowed: cpu, cuda, cuda:N"),
@@ -170,7 +173,7 @@ def test_help_shows_the_default_command_options(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     for option in ("--formats", "float6_e3m2", "--scale-modes", "rceil", "--rounding", "--block-sizes",
-                   "--device", "cuda:N", "--model DIR", "--sentences", "--out", "--repeat",
+                   "--device", "cuda:N", "--model DIR", "--sentences", "--out", "--repeat", "--threads",
                    "torchmx inspect FILE"):
         assert option in out, option
     assert main(["evaluate", "-h"]) == 0 and "--block-sizes" in capsys.readouterr().out

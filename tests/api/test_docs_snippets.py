@@ -71,8 +71,9 @@ def test_page_snippets_run(page, tmp_path, monkeypatch):
     run_page(page)
 
 
-@pytest.mark.parametrize("page, line, needs", MARKED,
-                         ids=[f"{p.relative_to(ROOT)}:{line}" for p, line, _ in MARKED])
+@pytest.mark.parametrize("page, line, needs", [
+    pytest.param(p, line, needs, marks=[pytest.mark.gpu] if needs == "a CUDA GPU" else [],
+                 id=f"{p.relative_to(ROOT)}:{line}") for p, line, needs in MARKED])
 def test_marked_snippet(page, line, needs, tmp_path, monkeypatch):
     """Each marked snippet on its own: skipped, with its reason, where its requirement is
     missing; elsewhere run after the page's snippets before it."""

@@ -1,10 +1,13 @@
 """The evaluation's parts that need no model: recipes, timing, chart labels."""
 
+import statistics
+
 import pytest
+import torch
 from torch import nn
 
 from torchmx.config import MXConfig, QLinearConfig
-from torchmx.evaluate import (EncoderReport, Recipe, RecipeResult, _interleaved_ms, check_block_size,
+from torchmx.evaluate import (WARM_UP_CALLS, EncoderReport, Recipe, RecipeResult, _interleaved_ms, check_block_size,
                               evaluate_encoder)
 from torchmx.report import _legend_labels, short_layer_name, write_chart
 
@@ -34,14 +37,22 @@ def test_weights_only_recipe():
 def test_timing_alternates_after_warm_up():
     calls = []
     times = _interleaved_ms([lambda: calls.append("a"), lambda: calls.append("b")], repeat=3)
-    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert calls == ["a"] * WARM_UP_CALLS + ["b"] * WARM_UP_CALLS + ["a", "b"] * 3
     assert [len(t) for t in times] == [3, 3] and all(ms >= 0 for t in times for ms in t)
 
 
 def test_timing_waits_for_the_device_around_each_call():
     calls = []
     _interleaved_ms([lambda: calls.append("a")], repeat=2, synchronize=lambda: calls.append("sync"))
-    assert calls == ["a"] + ["sync", "a", "sync"] * 2
+    assert calls == ["a"] * WARM_UP_CALLS + ["sync", "a", "sync"] * 2
+
+
+def test_timing_pauses_the_garbage_collector():
+    import gc
+
+    seen = []
+    _interleaved_ms([lambda: seen.append(gc.isenabled())], repeat=2)
+    assert seen == [True] * WARM_UP_CALLS + [False, False] and gc.isenabled()
 
 
 def test_block_size_checked_on_every_linear():
@@ -100,6 +111,62 @@ class Untouchable:
 def test_evaluate_refuses_bad_recipes_before_the_work(recipes, repeat, words):
     with pytest.raises(ValueError, match=words):
         evaluate_encoder(Untouchable(), recipes, repeat=repeat)
+
+
+@pytest.mark.parametrize("threads", [0, 1.5, True, "2"])
+def test_evaluate_refuses_a_bad_thread_count(threads):
+    with pytest.raises(ValueError, match="threads must be an int >= 1 or None"):
+        evaluate_encoder(Untouchable(), [Recipe("int8")], threads=threads)
+
+
+class ThreadsSeen(nn.Module):
+    """A one-layer encoder model that notes PyTorch's thread count at each forward pass."""
+
+    def __init__(self, seen):
+        super().__init__()
+        self.linear, self.seen = nn.Linear(32, 32), seen
+
+    def forward(self, input_ids):
+        self.seen.append(torch.get_num_threads())
+        return self.linear(input_ids)
+
+
+class TinyEncoder:
+    def __init__(self, seen):
+        self.model = ThreadsSeen(seen)
+
+    def tokenize(self, sentences):
+        return {"input_ids": torch.arange(32.0 * len(sentences)).reshape(len(sentences), 32) / 100}
+
+    def embed(self, sentences):
+        with torch.no_grad():
+            return torch.nn.functional.normalize(self.model(**self.tokenize(sentences)), dim=1)
+
+
+def test_evaluate_runs_with_the_thread_count_asked_and_gives_it_back():
+    before, seen = torch.get_num_threads(), []
+    report = evaluate_encoder(TinyEncoder(seen), [Recipe("float8_e4m3")], ["a", "b", "c", "d"],
+                              repeat=2, threads=1)
+    assert set(seen) == {1} and torch.get_num_threads() == before
+    assert len(report.results[0].forward_ms_samples) == 2 and len(report.forward_ms_samples) == 2
+    result = report.results[0]
+    assert result.forward_ms == statistics.median(result.forward_ms_samples)
+    assert result.forward_vs_full_precision == result.forward_ms / statistics.median(report.forward_ms_samples)
+
+
+def test_every_model_is_timed_in_the_same_rounds(monkeypatch):
+    """One call of each model (full precision first) per round, after every recipe's other
+    measurements, whichever the number of recipes."""
+    import torchmx.evaluate as evaluate
+
+    calls = []
+    monkeypatch.setattr(evaluate, "_interleaved_ms", lambda fns, repeat, synchronize: (
+        calls.append((len(fns), repeat)) or [[float(i + 1)] * repeat for i in range(len(fns))]))
+    report = evaluate_encoder(TinyEncoder([]), [Recipe("float8_e4m3"), Recipe("int8")],
+                              ["a", "b", "c", "d"], repeat=3)
+    assert calls == [(3, 3)]
+    assert report.forward_ms_samples == [1.0] * 3
+    assert [(r.forward_ms, r.forward_vs_full_precision) for r in report.results] == [(2.0, 2.0), (3.0, 3.0)]
 
 
 def test_environment_names_versions_device_and_date():

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 from torchmx.huggingface import gpt_oss  # noqa: E402
 from torchmx.mx_ops import routed_linear  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 class _Config:

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # 
 from torchmx import MXInferenceLinear, TorchMXConfig  # noqa: E402
 from torchmx.quant_api import OUTPUT_HEADS, quantize_linear_  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TOKENS = torch.tensor([[1, 5, 9, 2, 7, 3]])
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from repo import ROOT, SUPPORT
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 SWEEP = SUPPORT / "gpu_memory_safety_sweep.py"
 

@@ -12,7 +12,7 @@ import torchmx
 from torchmx import MXTensor
 from torchmx.config import MXConfig, QLinearConfig
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 FORMATS = ("float4_e2m1", "float8_e4m3", "float8_e5m2", "float6_e2m3", "int8")
 

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from formats import bit_view
 from torchmx import MXTensor
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::torchmx.mx_tensor.MXLayoutWarning")
@@ -210,3 +210,33 @@ def test_linear_bias_is_added_in_fp32_on_every_path(dtype):
     program = torch.export.export(model, (x,))
     assert_same(program.module()(x), eager)
     assert_same(program.run_decompositions().module()(x), eager)
+
+
+def test_import_leaves_dynamo_unloaded_and_compile_still_keeps_to_mx_whole():
+    """`import torchmx` does not import torch._dynamo (seconds of every process that never
+    compiles); its allow_in_graph functions are registered when Dynamo is imported, so a
+    fullgraph compile after the import still runs without a graph break, equal to eager."""
+    import subprocess
+    import sys
+
+    from repo import ROOT
+
+    code = """
+import sys
+import torch
+import torchmx
+assert "torch._dynamo" not in sys.modules, "import torchmx imported torch._dynamo"
+from torchmx import MXTensor
+
+def fn(x):
+    return MXTensor.to_mx(x, "float4_e2m1", 32).dequantize()
+
+x = torch.arange(64, dtype=torch.float32).reshape(2, 32) / 8
+got = torch.compile(fn, fullgraph=True, backend="eager")(x)
+assert torch.equal(got, fn(x))
+from torch._dynamo import trace_rules
+from torchmx import mx_tensor
+assert all(id(f) in trace_rules._allowed_callable_ids for f in (mx_tensor._to_mx, mx_tensor._from_mx_function))
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]

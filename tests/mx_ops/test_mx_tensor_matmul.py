@@ -74,6 +74,7 @@ def test_matmuls_are_exact(fmt, dtype):
     check_matmuls(fmt, dtype, "cpu")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 def test_matmuls_are_exact_on_cuda(fmt):

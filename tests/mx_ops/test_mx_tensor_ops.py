@@ -254,6 +254,7 @@ def assert_same_across_devices(actual, expected):
     assert_same_values(actual.masked_fill(nan, 0), expected.masked_fill(nan, 0))
 
 
+@pytest.mark.gpu
 @CUDA
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 def test_cuda_round_trip_and_pin_memory(fmt):

@@ -98,6 +98,7 @@ def test_reference_unpack_masks_one_byte_codes():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's masked-off lanes
 @pytest.mark.parametrize("fmt", [dtypes.ExMy(2, 2), dtypes.ExMy(1, 1), dtypes.ExMy(3, 3)],
                          ids=lambda f: f.name)
+@pytest.mark.gpu  # the Triton kernels: on the GPU where there is one
 def test_triton_dequantize_ignores_bits_above_the_width(fmt):
     tb, device = _triton_backend()
     data, scale = _every_byte(fmt)
@@ -189,6 +190,7 @@ def test_torch_compile_with_the_largest_block_size(backend):
     assert torch.equal(compiled(y), MXTensor.to_mx(y, "float8_e4m3", 77).dequantize())
 
 
+@pytest.mark.gpu  # the Triton kernels: on the GPU where there is one
 @pytest.mark.parametrize("block_size", [2**20, 2**62, 2**63 - 1])
 def test_triton_backend_with_huge_blocks(block_size):
     tb, device = _triton_backend()
@@ -236,6 +238,7 @@ def test_mx_tensor_parts_on_different_devices():
         MXTensor(scale.to("meta"), data, "float8_e4m3", 32, torch.float32)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA generator")
 def test_a_cuda_generator_seeds_cpu_and_cuda_data():
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(6))
@@ -346,6 +349,7 @@ def test_seeds_with_one_key_round_identically_on_every_backend(monkeypatch):
         assert torch.equal(da, results["reference"][0]), name
 
 
+@pytest.mark.gpu  # the Triton kernels: on the GPU where there is one
 def test_seeds_with_one_key_round_identically_in_triton():
     tb, device = _triton_backend()
     x = torch.randn(4, 96, generator=torch.Generator().manual_seed(5))

@@ -1,11 +1,11 @@
 """Parameter grids for the matmul kernel tests.
 
-On a GPU a case costs milliseconds and a test takes the whole product of its axes. Under
-Triton's interpreter (CPU, where CI runs) a case costs about a second, and a test takes a
-covering subset instead: every value of each axis meets every value of each other axis in some
-case (all pairs), which is where the kernels' paths meet (format x tile, tile x shape, format x
-shape). The same tests run the whole product on the GPU, and under the interpreter with
-TORCHMX_TEST_FULL=1 (slow), as test_triton_quantize.py's matrix does.
+A case costs about a second on either kind of machine: under Triton's interpreter (CPU, where CI
+runs) it runs slowly, and on a GPU most cases change a constexpr (format, tile, block size), so
+each is one more kernel compile. A test takes a covering subset of the product of its axes:
+every value of each axis meets every value of each other axis in some case (all pairs), which is
+where the kernels' paths meet (format x tile, tile x shape, format x shape). TORCHMX_TEST_FULL=1
+runs the whole product, as it does test_triton_quantize.py's matrix.
 """
 
 import itertools
@@ -13,14 +13,13 @@ import os
 
 
 def _covering_subset() -> bool:
-    return (os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-            and os.environ.get("TORCHMX_TEST_FULL") != "1")
+    return os.environ.get("TORCHMX_TEST_FULL") != "1"
 
 
 def all_pairs(*axes):
     """The cases of a parametrize over the product of `axes` (each a list of values, or of
-    tuples for axes that go together): all of them on a GPU (or with TORCHMX_TEST_FULL=1);
-    under the interpreter, a subset covering every pair of values of two axes, chosen greedily
+    tuples for axes that go together): with TORCHMX_TEST_FULL=1 all of them; else a subset
+    covering every pair of values of two axes, chosen greedily
     (the case that covers the most pairs not yet covered, the first such in product order), so
     the same cases every run."""
     cases = [tuple(itertools.chain.from_iterable(

@@ -1,5 +1,6 @@
-"""The covering grids of the kernel tests (covering.py): the whole product on a GPU, under the
-interpreter a subset that still holds every pair of values of two axes."""
+"""The covering grids of the kernel tests (covering.py): the whole product when asked
+(TORCHMX_TEST_FULL=1), else, on a GPU and under the interpreter alike, a subset that still holds
+every pair of values of two axes."""
 
 import itertools
 
@@ -18,19 +19,17 @@ def _flat(combo):
 
 
 @pytest.mark.parametrize("axes", AXES)
-@pytest.mark.parametrize("interpret,full", [("0", None), ("1", "1")])
-def test_the_whole_product_on_a_gpu_or_when_asked(axes, interpret, full, monkeypatch):
+@pytest.mark.parametrize("interpret", ["0", "1"])
+def test_the_whole_product_when_asked(axes, interpret, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
-    if full is None:
-        monkeypatch.delenv("TORCHMX_TEST_FULL", raising=False)
-    else:
-        monkeypatch.setenv("TORCHMX_TEST_FULL", full)
+    monkeypatch.setenv("TORCHMX_TEST_FULL", "1")
     assert all_pairs(*axes) == [_flat(c) for c in itertools.product(*axes)]
 
 
 @pytest.mark.parametrize("axes", AXES)
-def test_every_pair_under_the_interpreter(axes, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+@pytest.mark.parametrize("interpret", ["0", "1"])
+def test_every_pair_on_a_gpu_and_under_the_interpreter(axes, interpret, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
     monkeypatch.delenv("TORCHMX_TEST_FULL", raising=False)
     cases = all_pairs(*axes)
     product = [_flat(c) for c in itertools.product(*axes)]

@@ -24,6 +24,7 @@ from torchmx.nn import MXInferenceLinear, inference_linear, prepack_weights
 from matmul_operands import DEVICE, reference
 
 CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 # fp4: the fp4 wgmma layout; the others: the MMA layout
 FORMATS = ["float4_e2m1", "float8_e4m3", "int8", "float6_e3m2"]

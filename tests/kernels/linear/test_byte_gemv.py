@@ -21,6 +21,7 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
                              assert_within_fp32_accumulation, integer_operands, reference)
 
 CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 FP8 = ["float8_e4m3", "float8_e5m2"]
 BYTE_FORMATS = FP8 + ["int8"]
 GemvConfig = byte_gemv.GemvConfig

@@ -26,6 +26,7 @@ from matmul_operands import DEVICE, assert_within_fp32_accumulation, integer_ope
 from ptx_emulator import run_ptx
 
 CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 INTERPRETER = not CUDA
 

@@ -1,6 +1,7 @@
 """kernels/_launch.py's key: what it must tell apart for Triton (checked against Triton's own
 keys on the GPU in tests/mx_ops/test_gpu_short_path.py), and what it may share."""
 
+import pytest
 import torch
 
 from torchmx.kernels._launch import _key
@@ -32,6 +33,7 @@ def test_floats_share_one_key_and_others_are_keyed_by_value():
     assert _key([None], [False]) != _key([False], [False])
 
 
+@pytest.mark.gpu
 def test_linear_plans_are_made_once_per_kind_of_product(monkeypatch):
     """kernels/linear/dispatch.linear makes one plan per key (shapes, strides, alignments, dtypes, bias
     or none) and reuses it: the same product again, or another weight of the same shape, adds

@@ -34,7 +34,7 @@ MmaConfig = mma_linear.MmaConfig
 CONFIGS = [MmaConfig(1, 1, 1, 1), MmaConfig(1, 2, 3, 2), MmaConfig(2, 1, 2, 1),
            MmaConfig(1, 4, 1, 2)]
 
-pytestmark = pytest.mark.skipif(CUDA and not HOPPER, reason="the kernel needs sm_90")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(CUDA and not HOPPER, reason="the kernel needs sm_90")]
 
 
 def _mma(x, w, bias=None, config=None, out_dtype=None):

@@ -7,6 +7,8 @@ permuted dequantize bit for bit, the whole product against the exact one for eve
 pair and ragged shapes, poisoned decodes through the fix-up, and the route from F.linear.
 """
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,7 @@ from torchmx.kernels.linear.mma_linear import FAST_SCALES
 from matmul_operands import DEVICE, integer_operands
 
 ON_GPU = DEVICE == "cuda" and mx_gemm.usable_on(torch.device("cuda"))
+pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 needs_gluon = pytest.mark.skipif(not mx_gemm.available(), reason="this Triton has no Gluon")
 on_gpu = pytest.mark.skipif(not ON_GPU, reason="needs an sm_90 GPU with Gluon")
 FORMATS = mx_gemm.FORMATS
@@ -240,10 +243,22 @@ def _within_fp32_bound(out, x_mx, w_mx):
     return bool(ok[~special].all())
 
 
+def _product_cases():
+    """Every format pair at the aligned shape; at the ragged shapes (one specialization: M and N
+    not multiples of 16), four pairs that give each format both sides: each pair is one more
+    Gluon compile, seconds apiece. TORCHMX_TEST_FULL=1: every pair at every shape."""
+    aligned, ragged = (1024, 1024, 1024), [(1000, 1096, 640), (130, 264, 128)]
+    pairs = [(x, w) for x in FORMATS for w in FORMATS]
+    if os.environ.get("TORCHMX_TEST_FULL") == "1":
+        return [(x, w, *shape) for shape in [aligned, *ragged] for x, w in pairs]
+    shifted = [(x, FORMATS[(i + 1) % len(FORMATS)]) for i, x in enumerate(FORMATS)]
+    return ([(x, w, *aligned) for x, w in pairs]
+            + [(x, w, *shape) for shape in ragged for x, w in shifted])
+
+
 @on_gpu
-@pytest.mark.parametrize("x_fmt", FORMATS, ids=lambda f: f.name)
-@pytest.mark.parametrize("w_fmt", FORMATS, ids=lambda f: f.name)
-@pytest.mark.parametrize("M,N,K", [(1024, 1024, 1024), (1000, 1096, 640), (130, 264, 128)])
+@pytest.mark.parametrize("x_fmt,w_fmt,M,N,K", _product_cases(),
+                         ids=lambda v: v.name if isinstance(v, dtypes.DType) else str(v))
 def test_gemm_is_the_exact_product_up_to_fp32_sums(x_fmt, w_fmt, M, N, K):
     """By default these shapes' W is dequantized before the GEMM (one wave of tiles reads all
     of it); blocks_before=0 has the GEMM dequantize every block itself: the same bits."""

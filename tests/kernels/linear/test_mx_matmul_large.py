@@ -18,6 +18,7 @@ from matmul_operands import (DEVICE, assert_within_fp32_accumulation, integer_op
                              reference)
 
 CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 FORMATS = ["float8_e4m3", "float8_e5m2", "float6_e3m2", "float6_e2m3", "float4_e2m1", "int8"]
 # The smallest shape the defaults pipeline: 4 chunks of 1024 columns.
 M_GPU, N_GPU, K_GPU = km.PIPELINE_MIN_M, km.PIPELINE_N[0], km.PIPELINE_MIN_K

@@ -25,6 +25,7 @@ from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
                              assert_within_fp32_accumulation, integer_operands, reference)
 
 CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 FORMATS = ["float8_e4m3", "float8_e5m2", "float6_e3m2", "float6_e2m3", "float4_e2m1", "int8"]
 FP6 = ["float6_e3m2", "float6_e2m3"]
 # The fused kernel takes fp6 in the rows variant only, on rows of whole 32-bit words (the only

@@ -29,7 +29,7 @@ FP6 = ["float6_e2m3", "float6_e3m2"]
 FORMATS = ONE_BYTE + FP6
 MmaConfig = mma_linear.MmaConfig
 
-pytestmark = pytest.mark.skipif(CUDA and not HOPPER, reason="the kernel needs sm_90")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(CUDA and not HOPPER, reason="the kernel needs sm_90")]
 
 
 @pytest.fixture(autouse=True)

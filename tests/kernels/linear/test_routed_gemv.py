@@ -14,6 +14,8 @@ from torchmx.kernels.linear import dispatch
 
 from matmul_operands import DEVICE
 
+pytestmark = pytest.mark.gpu  # the kernel runs on the GPU where there is one
+
 pytest.importorskip("triton")
 
 

@@ -29,6 +29,7 @@ FORMATS = ["float8_e4m3", "float8_e5m2", "int8", "float4_e2m1", "float6_e2m3", "
 FP8 = FORMATS[:2]
 OTHER = dtypes.ExMy(3, 3)  # a custom minifloat: no TMA stream layout
 ON_GPU = DEVICE == "cuda" and stream_matmul.usable_on(torch.device("cuda"))
+pytestmark = pytest.mark.gpu  # the kernels run on the GPU where there is one
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on sm_90 GPUs only")
 needs_gluon = pytest.mark.skipif(not stream_matmul.available(), reason="this Triton has no Gluon")
 
@@ -376,10 +377,19 @@ def test_the_compiled_cases_cover_each_split():
     assert {s for (fmt, _, _), s in splits.items() if fmt.startswith("float6")} == {1, 2, 8}
 
 
+_PDL_FORMATS = [("float8_e4m3", 1), ("float4_e2m1", 1), ("float6_e3m2", 2)]
+_PDL_CASES = [("stream-pdl", fmt, 16, 512, 1024, pdl) for fmt, _ in _PDL_FORMATS for pdl in (True, False)]
+
+
 @pytest.fixture(scope="module")
 def ptxas_reports():
+    """Every compiled case of this module (ptxas reports, PDL launch-control lines), in one
+    child process: its start (torch, Triton, torchmx) costs seconds."""
     from gluon_compile import compile_reports
-    return dict(zip(_COMPILED, compile_reports([("stream", *case) for case in _COMPILED])))
+    cases = [("stream", *case) for case in _COMPILED] + _PDL_CASES
+    reports = dict(zip(cases, compile_reports(cases)))
+    return {**{case: reports[("stream", *case)] for case in _COMPILED},
+            **{case: reports[case] for case in _PDL_CASES}}
 
 
 @needs_gluon
@@ -409,15 +419,13 @@ def test_launch_options_follow_the_config():
 
 
 @needs_gluon
-@pytest.mark.parametrize("fmt,planes", [("float8_e4m3", 1), ("float4_e2m1", 1),
-                                        ("float6_e3m2", 2)])
-def test_pdl_lets_the_next_call_start_and_prefetches_only_before_its_wait(fmt, planes):
+@pytest.mark.parametrize("fmt,planes", _PDL_FORMATS)
+def test_pdl_lets_the_next_call_start_and_prefetches_only_before_its_wait(fmt, planes, ptxas_reports):
     """The compiled kernel's launch control (PTX, sm_90): with PDL one launch_dependents, the
     loader's L2 prefetches of the first sub-steps (the default 4) of each plane of W and of the
     scales right before its wait, and the epilogue's wait; without PDL none of them."""
-    from gluon_compile import compile_reports
-    with_pdl, without = compile_reports([("stream-pdl", fmt, 16, 512, 1024, pdl)
-                                         for pdl in (True, False)])
+    with_pdl, without = (ptxas_reports[("stream-pdl", fmt, 16, 512, 1024, pdl)]
+                         for pdl in (True, False))
     ops = [line.split(";")[0].split(" ")[0] for line in with_pdl]
     prefetches = stream_matmul.default_config(dtypes.from_name(fmt), 16, 1024).prefetch
     assert prefetches == 4

@@ -18,7 +18,7 @@ from torchmx.numerics import quantize_mx_reference
 
 GPU = torch.cuda.is_available()  # else tests/conftest.py runs Triton's interpreter
 DEVICE = "cuda" if GPU else "cpu"
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 ALL = FORMATS + (dtypes.ExMy(3, 2, bias=10), dtypes.ExMy(6, 1, bias=0))
 FLOATS = [f for f in ALL if f.kind != "int"]

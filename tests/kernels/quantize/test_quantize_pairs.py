@@ -24,7 +24,7 @@ from torchmx.numerics.elements import encode
 GPU = torch.cuda.is_available()  # else tests/conftest.py runs Triton's interpreter
 DEVICE = "cuda" if GPU else "cpu"
 PAIRS_RUN = not GPU or torch.cuda.get_device_capability() >= (9, 0)  # its PTX needs sm_90
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 PAIR_FORMATS = (dtypes.float4_e2m1, dtypes.float6_e2m3, dtypes.float6_e3m2,
                 dtypes.ExMy(3, 2, bias=10), dtypes.ExMy(2, 3, bias=3), dtypes.ExMy(1, 2))

@@ -67,10 +67,14 @@ def test_this_module_in_a_fresh_interpreter_process():
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
 
 
-# The full matrix (as on a GPU) also under the interpreter: TORCHMX_TEST_FULL=1 (slow).
-FULL = GPU or os.environ.get("TORCHMX_TEST_FULL") == "1"
+# The full matrix: TORCHMX_TEST_FULL=1. Without it a test takes a rotating subset of its cases,
+# on the GPU too: there each case that changes a constexpr (format, scale mode, rounding, block
+# size, block axis, input dtype) is one more kernel compile, which costs far more than the run.
+# Every (format, scale mode, rounding) triple, and every 16-bit value through every format and
+# scale mode (GPU), still runs.
+FULL = os.environ.get("TORCHMX_TEST_FULL") == "1"
 # The interpreter computes masked-off lanes too, where integer casts may overflow harmlessly.
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 DEVICE = "cuda" if GPU else "cpu"
 if not GPU and not INTERPRET:
     pytest.skip("no GPU and the Triton interpreter is off (TRITON_INTERPRET)", allow_module_level=True)
@@ -129,7 +133,7 @@ def test_quantize_every_option(fmt, scale_mode, rounding):
     cases = [(torch.float32, 32, -1), (torch.bfloat16, 8, 0), (torch.float16, 7, -1),
              (torch.float32, 6, 0)]
     shape = (96, 160) if GPU else (37, 67)
-    if not FULL:  # the interpreter is slow: two of the four cases, rotating
+    if not FULL:  # two of the four cases, rotating
         start = zlib.crc32(f"{fmt.name}{scale_mode}{rounding}".encode()) % 2
         cases = cases[start::2]
     for dtype, block_size, axis in cases:
@@ -163,15 +167,19 @@ def _every_value(dtype):
 def test_every_16_bit_value(dtype, fmt):
     x = _every_value(dtype)
     # Single-element blocks give every value its own scale; 32-blocks mix magnitudes.
-    cases = list(itertools.product(SCALE_MODES, [(1, -1), (32, -1), (32, 0)]))
-    if not FULL:  # the interpreter is slow: one case per format and dtype, rotating
-        cases = [cases[zlib.crc32(f"{fmt.name}{dtype}".encode()) % len(cases)]]
+    layouts = [(1, -1), (32, -1), (32, 0)]
+    cases = list(itertools.product(SCALE_MODES, layouts))
+    turn = zlib.crc32(f"{fmt.name}{dtype}".encode())
+    if GPU and not FULL:  # every scale mode, each with one of the layouts, rotating
+        cases = [(mode, layouts[(turn + i) % len(layouts)]) for i, mode in enumerate(SCALE_MODES)]
+    elif not FULL:  # the interpreter is slow: one case per format and dtype, rotating
+        cases = [cases[turn % len(cases)]]
     for scale_mode, (block_size, axis) in cases:
-        rounding = "even" if FULL or block_size == 1 else "stochastic"
+        rounding = "even" if GPU or FULL or block_size == 1 else "stochastic"
         scale, data = check_quantize(x, fmt, block_size, scale_mode, rounding, axis)
         n = x.shape[axis]
         check_dequantize(scale, data, fmt, block_size, dtype, axis, n)
-    if FULL and dtype == torch.bfloat16:
+    if (GPU or FULL) and dtype == torch.bfloat16:
         for rounding in ROUNDINGS:
             check_quantize(x, fmt, 32, "floor", rounding, -1)
 
