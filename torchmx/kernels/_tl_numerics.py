@@ -264,8 +264,8 @@ def load_f32(ptrs, mask):
 @triton.jit
 def to_output(value, out_dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
     """One rounding of fp32 to the output dtype, every NaN written as the positive quiet NaN
-    of out_dtype (numerics/reference.CANONICAL_NAN_BITS: the GPU's cvt of a NaN gives 0x7FFF,
-    and a NaN's sign and payload depend on how it arose). SOFT_BF16 rounds to bf16 in bit
+    of out_dtype (numerics/reference.CANONICAL_NAN_BITS: what a conversion makes of a NaN, and
+    a NaN's sign and payload, depend on the device and on how the NaN arose). SOFT_BF16 rounds to bf16 in bit
     arithmetic (round half to even, subnormals kept), for Triton's interpreter, whose own
     fp32 -> bf16 conversion truncates; the GPU's cvt.rn.bf16.f32 gives the same bits."""
     if out_dtype == tl.float32:

@@ -8,9 +8,9 @@ once to input's dtype, for the 3-D MX weight W [E, N, K] (blocks along K) given 
 bytes [E, N, K / block_size] and codes [E, N, packed(K)], experts int [P = T * per_row] in
 [0, E). An index outside [0, E) is a ValueError on CPU; on a GPU, where checking the indices
 would wait for the device, the kernel gives that pair's row NaN and reads no memory outside
-the weight. With swiglu_alpha and
-swiglu_limit, the rows are gpt-oss's interleaved gate / up and the result is its gated
-activation [P, N / 2] (kernels/linear/routed_gemv.py states the roundings). On CUDA (where
+the weight. With swiglu_alpha and swiglu_limit, the rows are gpt-oss's interleaved gate / up
+and the result is its gated activation [P, N / 2] (kernels/linear/routed_gemv.py states the
+roundings). On CUDA (where
 `usable` says so) one launch of that kernel; elsewhere the same computed from the routed
 experts' dequantized weights (exact products, fp32 sums, the same roundings in torch ops).
 An operator so that torch.compile and CUDA graphs see one opaque call.
