@@ -1,4 +1,5 @@
-"""Timing shared by the GPU benchmarks: medians of CUDA-graph replays.
+"""Timing shared by the benchmarks: the wall time of a loop of eager calls (what a user's loop
+takes, host included), and medians of CUDA-graph replays (the GPU's time alone).
 
 Each timed stretch starts behind a spin kernel (`queue_ahead`): when the GPU is idle, a start
 event runs as soon as it is queued, and the GPU then waits for the CPU to submit the graph
@@ -8,12 +9,35 @@ them, so the events measure the GPU's time only.
 """
 
 import statistics
+import time
 
 import torch
 
 # GPU clock cycles of the spin (about 0.25 ms at the H100's clocks): far longer than the CPU
 # takes to queue an event and a graph.
 SPIN_CYCLES = 500_000
+
+
+def wall_us(fn, calls: int, rounds: int, warmup: int = 3, device="cuda",
+            wait: bool = True) -> float:
+    """Median over `rounds` of the wall microseconds per call of `calls` back-to-back calls of
+    fn, after `warmup` calls. On CUDA the device is idle when each round starts; wait=False
+    stops the clock once the host has queued the calls (the host's own time), wait=True once
+    the device has run them."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if wait:
+            sync()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+        sync()
+    return statistics.median(times)
 
 
 def queue_ahead():

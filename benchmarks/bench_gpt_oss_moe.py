@@ -25,9 +25,7 @@ import argparse
 import datetime
 import io
 import pathlib
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -36,38 +34,21 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
 from torchmx.huggingface import gpt_oss
 
+from _timing import capture, wall_us
+
 
 BASELINES = ("bf16", "bf16 grouped", "deq+bf16")
 UNCAPTURABLE = ("bf16", "deq+bf16")
 
 
-def eager_us(fn, iters: int = 20, repeats: int = 5) -> float:
-    """Median over `repeats` of the mean microseconds per call of `iters` back-to-back calls."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / iters * 1e6)
-    return statistics.median(times)
+def eager_us(fn) -> float:
+    """Median over 5 rounds of the mean microseconds per call of 20 back-to-back calls."""
+    return wall_us(fn, calls=20, rounds=5)
 
 
 def graph_us(fn) -> float:
     """fn captured once in a CUDA graph, then timed replaying it."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return eager_us(graph.replay)
+    return eager_us(capture([fn]).replay)
 
 
 class DequantizeThenBf16(torch.nn.Module):

@@ -29,9 +29,7 @@ import datetime
 import io
 import pathlib
 import platform
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -42,23 +40,14 @@ from torchmx import MXTensor
 from torchmx.config import MXConfig, QLinearConfig
 from torchmx.kernels import quantize_mx_rowwise_colwise
 
+from _timing import wall_us
+
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def host_us(fn, device, calls=400, rounds=7) -> float:
     """Median over rounds of the wall time per call of a loop of `calls` calls."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(20):
-        fn()
-    sync()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+    return wall_us(fn, calls, rounds, warmup=20, device=device)
 
 
 def entry_points(device: torch.device):
@@ -154,17 +143,7 @@ def _floor_stack(reference: MLPStack, rows: int) -> MLPStack:
 
 
 def _gpu_time_us(fn, calls=50, rounds=9) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+    return wall_us(fn, calls, rounds)
 
 
 def mlp_table(out) -> None:

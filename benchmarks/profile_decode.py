@@ -16,8 +16,6 @@ import copy
 import cProfile
 import io
 import pstats
-import statistics
-import time
 
 import torch
 
@@ -25,23 +23,12 @@ import torchmx
 from torchmx.config import MXConfig, QLinearConfig
 from torchmx.nn.inference_linear import prepack_weights
 
+from _timing import wall_us
 from bench_overhead import MLPStack
 
 
 def _per_call_us(fn, sync: bool, calls=50, rounds=7) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if sync:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+    return wall_us(fn, calls, rounds, warmup=5, wait=sync)
 
 
 def _profile(fn, top: int) -> str:
