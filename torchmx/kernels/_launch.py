@@ -22,10 +22,26 @@ import inspect
 
 import torch
 
-__all__ = ["launch", "Launch"]
+__all__ = ["launch", "Launch", "planned", "PLAN_LIMIT"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
 _SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
+
+
+# Entries a plan table holds at most: past it (inputs of ever new shapes, e.g. a server's prompt
+# lengths) the table starts over rather than grow without bound.
+PLAN_LIMIT = 4096
+
+
+def planned(table: dict, key, make):
+    """table[key], made by `make()` on the first call with that key (a plan, or any decision
+    taken once per kind of input); the table starts over once it holds PLAN_LIMIT entries."""
+    plan = table.get(key)
+    if plan is None:
+        if len(table) >= PLAN_LIMIT:
+            table.clear()
+        plan = table[key] = make()
+    return plan
 
 
 def _signature(kernel):

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .._library import custom_op
+from ..kernels._launch import planned
 from ..numerics import arguments as args
 from ..numerics.packing import packed_length
 from .weight_matmul import _kernels_usable
@@ -47,13 +48,10 @@ def usable(input: Tensor, weight_scale: Tensor, weight_data: Tensor, elem_dtype_
     key = (input.shape, input.stride(), input.dtype, input.device, weight_scale.shape,
            weight_scale.stride(), weight_data.shape, weight_data.stride(), weight_data.dtype,
            elem_dtype_name, block_size, pairs)
-    eligible = _ELIGIBLE.get(key)
-    if eligible is None:
-        from ..kernels.linear import dispatch
-        eligible = _ELIGIBLE[key] = dispatch.routed_eligible(
-            input, weight_scale, weight_data, args.check_elem_dtype(elem_dtype_name), block_size,
-            pairs)
-    return eligible
+    from ..kernels.linear import dispatch
+    return planned(_ELIGIBLE, key, lambda: dispatch.routed_eligible(
+        input, weight_scale, weight_data, args.check_elem_dtype(elem_dtype_name), block_size,
+        pairs))
 
 
 def _gate(h: Tensor, alpha: float, limit: float) -> Tensor:

@@ -44,7 +44,7 @@ import torch
 
 from ... import dtypes
 from .._common import block_m_for, interpreting, packed_decode_constants, sm_count
-from .._launch import Launch
+from .._launch import Launch, planned
 
 __all__ = ["SMALL_M", "supported", "linear", "fused_linear", "dequantized_linear", "Config",
            "ROUTED_MAX_PAIRS", "routed_eligible", "routed_linear"]
@@ -452,9 +452,8 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
         plans = _PLANS
         key += (fmt, block_size, K, w_data.shape, w_data.stride(), w_data.dtype,
                 w_data.data_ptr() & 15, w_scale.shape, w_scale.stride(), w_scale.data_ptr() & 15)
-    plan = plans.get(key)
-    if plan is None:
-        plan = plans[key] = _plan(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype)
+    plan = planned(plans, key,
+                   lambda: _plan(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype))
     out = plan(x2, w_scale, w_data, bias)
     return out.reshape(*x.shape[:-1], w_scale.shape[0])
 
@@ -525,11 +524,10 @@ def routed_linear(x: torch.Tensor, experts: torch.Tensor, w_scale: torch.Tensor,
     if bias is not None:
         bias = bias.to(x.dtype).contiguous()
     key = ("routed", x.shape, x.stride(), x.dtype, x.data_ptr() & 15, x.device, experts.dtype,
-           experts.numel(), experts.data_ptr() & 15, fmt, block_size, w_data.shape, w_data.stride(), w_data.data_ptr() & 15,
-           w_scale.shape, w_scale.stride(), w_scale.data_ptr() & 15,
-           None if bias is None else (bias.stride(), bias.data_ptr() & 15), per_row, swiglu)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = RoutedPlan(x, experts, w_scale, w_data, fmt, block_size, bias,
-                                        per_row, swiglu)
+           experts.numel(), experts.data_ptr() & 15, fmt, block_size, w_data.shape,
+           w_data.stride(), w_data.data_ptr() & 15, w_scale.shape, w_scale.stride(),
+           w_scale.data_ptr() & 15, None if bias is None else (bias.stride(), bias.data_ptr() & 15),
+           per_row, swiglu)
+    plan = planned(_PLANS, key, lambda: RoutedPlan(x, experts, w_scale, w_data, fmt, block_size,
+                                                   bias, per_row, swiglu))
     return plan(x, experts, w_scale, w_data, bias)

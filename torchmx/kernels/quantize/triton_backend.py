@@ -36,7 +36,7 @@ from ...numerics.packing import packed_length
 from ...numerics.modes import ROUNDING_BY_NAME, SCALE_MODE_BY_NAME
 from ...numerics.rounding import seed_key
 from .._common import decode_constants, device_capability, interpreting
-from .._launch import Launch, launch
+from .._launch import Launch, launch, planned
 
 __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "QuantizePlan",
            "DequantizePlan", "fake_quantize_rows", "fake_quantize_supported", "TUNING", "KNOBS"]
@@ -47,7 +47,6 @@ _SCALE_MODE = {name: int(mode) for name, mode in SCALE_MODE_BY_NAME.items()}
 _ROUNDING = {name: int(rounding) for name, rounding in ROUNDING_BY_NAME.items()}
 
 _PLANS: Dict[tuple, object] = {}  # the plans of quantize / dequantize, by what they depend on
-_MAX_PLANS = 4096  # past this many (inputs of ever new shapes), the cache starts over
 
 
 class _Settings(dict):
@@ -444,12 +443,8 @@ def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, s
         return QuantizePlan(x, elem_dtype, block_size, scale_mode, rounding, axis, seed)(x)
     key = ("quantize", x.shape, x.stride(), x.dtype, x.data_ptr() & 15, x.device, elem_dtype,
            block_size, scale_mode, rounding, axis)  # what QuantizePlan decides by
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        plan = _PLANS[key] = QuantizePlan(x, elem_dtype, block_size, scale_mode, rounding, axis,
-                                          None)
+    plan = planned(_PLANS, key, lambda: QuantizePlan(x, elem_dtype, block_size, scale_mode,
+                                                     rounding, axis, None))
     return plan(x)
 
 
@@ -518,12 +513,8 @@ def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes
     key = ("dequantize", data_lp.shape, data_lp.stride(), data_lp.dtype, data_lp.data_ptr() & 15,
            scale_u8.shape, scale_u8.stride(), scale_u8.data_ptr() & 15, data_lp.device,
            elem_dtype, block_size, target_dtype, axis, n)  # what DequantizePlan decides by
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        plan = _PLANS[key] = DequantizePlan(data_lp, scale_u8, elem_dtype, block_size,
-                                            target_dtype, axis, n)
+    plan = planned(_PLANS, key, lambda: DequantizePlan(data_lp, scale_u8, elem_dtype, block_size,
+                                                       target_dtype, axis, n))
     return plan(data_lp, scale_u8)
 
 
@@ -764,11 +755,8 @@ def fake_quantize_rows(x: torch.Tensor, elem_dtype: dtypes.DType, block_size: in
     arguments validated by the caller and `fake_quantize_supported`."""
     key = ("fake_quantize", x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, elem_dtype,
            block_size, scale_mode, rounding)
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        plan = _PLANS[key] = _fake_quantize_plan(x, elem_dtype, block_size, scale_mode, rounding)
+    plan = planned(_PLANS, key,
+                   lambda: _fake_quantize_plan(x, elem_dtype, block_size, scale_mode, rounding))
     out = torch.empty_like(x)
     if out.numel():
         plan(x, out)
