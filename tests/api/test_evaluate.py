@@ -151,7 +151,8 @@ def test_evaluate_runs_with_the_thread_count_asked_and_gives_it_back():
     assert len(report.results[0].forward_ms_samples) == 2 and len(report.forward_ms_samples) == 2
     result = report.results[0]
     assert result.forward_ms == statistics.median(result.forward_ms_samples)
-    assert result.forward_vs_full_precision == result.forward_ms / statistics.median(report.forward_ms_samples)
+    assert result.forward_vs_full_precision == statistics.median(
+        ms / full_ms for ms, full_ms in zip(result.forward_ms_samples, report.forward_ms_samples))
 
 
 def test_every_model_is_timed_in_the_same_rounds(monkeypatch):
@@ -167,6 +168,20 @@ def test_every_model_is_timed_in_the_same_rounds(monkeypatch):
     assert calls == [(3, 3)]
     assert report.forward_ms_samples == [1.0] * 3
     assert [(r.forward_ms, r.forward_vs_full_precision) for r in report.results] == [(2.0, 2.0), (3.0, 3.0)]
+
+
+def test_the_ratio_to_full_precision_is_the_median_of_each_rounds_ratio(monkeypatch):
+    """A slow round slows both models' calls: it moves the medians of their times, not the
+    median of their per-round ratios."""
+    import torchmx.evaluate as evaluate
+
+    rounds = {"full": [10.0, 40.0, 10.0, 41.0, 10.0], "mx": [20.0, 80.0, 20.0, 82.0, 21.0]}
+    monkeypatch.setattr(evaluate, "_interleaved_ms", lambda fns, repeat, synchronize: [
+        rounds["full"], rounds["mx"]])
+    report = evaluate_encoder(TinyEncoder([]), [Recipe("float8_e4m3")], ["a", "b", "c", "d"], repeat=5)
+    result = report.results[0]
+    assert (report.forward_ms, result.forward_ms) == (10.0, 21.0)
+    assert result.forward_vs_full_precision == 2.0  # 21.0 / 10.0 = 2.1 from the medians
 
 
 def test_environment_names_versions_device_and_date():
