@@ -399,6 +399,53 @@ def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None):
         say(f"{e.key[:80]:80} {e.count // steps:6d} {e.self_cpu_time_total / 1e3 / steps:8.2f}")
 
 
+def python_profile_recipe(name, size, device, rank, world, steps, say, top=30):
+    """cProfile over `steps` training steps of `recipe` on rank 0 (after 3 warm-up steps): the
+    Python functions that hold the host longest (own time and with callees, ms per step), where
+    a host-bound step spends its time. cProfile slows Python calls: compare rows, not totals."""
+    import cProfile
+    import pstats
+
+    model = llama(size, device)
+    prepare(model, RECIPES[name])
+    shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    opt = optimizer(model)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def train_step(step):
+        loss = step_loss(model, tokens(step, rank, size, device, world))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    for step in range(3):
+        train_step(step)
+    sync()
+    profiler = cProfile.Profile()
+    for step in range(3, 3 + steps):
+        if rank == 0:
+            profiler.enable()
+        train_step(step)
+        if rank == 0:
+            profiler.disable()
+        sync()
+    del model, opt
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if rank != 0:
+        return
+    stats = pstats.Stats(profiler).stats  # (file, line, function) -> (cc, calls, tt, ct, callers)
+    total = sum(tt for _, _, tt, _, _ in stats.values())
+    say(f"\n## python profile: {name} ({steps} steps on rank 0, cProfile on): "
+        f"{total * 1e3 / steps:.1f} ms of host time per step")
+    for order, label in ((2, "own"), (3, "with callees")):
+        say(f"{'function (' + label + ' time)':86} {'calls':>6} {'own ms':>8} {'cum ms':>8}")
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][order])[:top]
+        for (file, line, fn), (_, calls, tt, ct, _) in rows:
+            where = f"{fn} {os.path.basename(os.path.dirname(file))}/{os.path.basename(file)}:{line}"
+            say(f"{where[:86]:86} {calls // steps:6d} {tt * 1e3 / steps:8.2f} {ct * 1e3 / steps:8.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -417,6 +464,9 @@ def main():
                         help="profile these recipes (all by default) instead of the checks and "
                              "timings")
     parser.add_argument("--profile-steps", type=int, default=2)
+    parser.add_argument("--python-profile", nargs="*", choices=tuple(RECIPES), default=None,
+                        help="cProfile these recipes (all by default) instead of the checks "
+                             "and timings: the Python functions holding the host")
     parser.add_argument("--trace-dir", default=None,
                         help="write each profile's Chrome trace here (gzipped)")
     args = parser.parse_args()
@@ -448,11 +498,18 @@ def main():
     say(f"# bench_distributed: {world} ranks on {name}, torch {torch.__version__}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
+    if args.python_profile is not None:
+        for recipe in args.python_profile or RECIPES:
+            python_profile_recipe(recipe, size, device, rank, world, args.profile_steps, say)
     if args.profile is not None:
         _label_phases()
         for recipe in args.profile or RECIPES:
             profile_recipe(recipe, size, device, rank, world, args.profile_steps, say,
                            args.trace_dir)
+    if args.profile is not None or args.python_profile is not None:
+        if args.save and rank == 0:
+            with open(args.save, "w") as f:
+                f.write("\n".join(printed) + "\n")
         dist.destroy_process_group()
         return
 

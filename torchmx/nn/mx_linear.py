@@ -50,7 +50,8 @@ class _MXLinearFunction(torch.autograd.Function):
             w_saved = weight
         ctx.save_for_backward(x_saved, w_saved)
         ctx.grad_config = grad
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        # w_q has the weight's dtype (an MXTensor weight's own would cost a __torch_function__)
+        ctx.dtypes = (x.dtype, w_q.dtype, None if bias is None else bias.dtype)
         return _product(x_q, w_q, bias)
 
     @staticmethod
@@ -87,13 +88,24 @@ def _quantized_weight(weight, qconfig):
 
 def _dequantized(weight: MXTensor) -> torch.Tensor:
     """weight.dequantize(); in eager mode on CUDA, a gathered weight's rows (blocks along
-    in_features) straight through the Triton backend's planned dequantize: every forward and
-    backward runs it, and the operator layer's checks would repeat what the gather made sure of."""
+    in_features) straight through the Triton backend's dequantize plan, made once per weight
+    object and kept on it: FSDP2 gathers every step into the same unsharded parameter, and the
+    operator layer's checks and plan lookup would repeat, at every forward and backward, what
+    the gather settled (shapes, dtypes, format)."""
+    if not short_path():  # traced (torch.compile, export, modes): the operator
+        return weight.dequantize()
     data, scale = weight._data, weight._scale_e8m0
-    if data.is_cuda and data.dim() == 2 and weight._block_dim == 1 and short_path() \
+    aligned = (data.data_ptr() & 15, scale.data_ptr() & 15)
+    cached = weight.__dict__.get("_torchmx_dequantize")
+    if cached is not None and cached[1] == aligned:  # the plan was made for this alignment
+        return cached[0](data, scale)
+    if data.is_cuda and data.dim() == 2 and weight._block_dim == 1 \
             and backend_for(data.device) == "triton":
-        return triton_kernels().dequantize(data, scale, weight._elem_dtype, weight._block_size,
-                                           weight.dtype, 1, weight.shape[1])
+        plan = triton_kernels().DequantizePlan(data, scale, weight._elem_dtype,
+                                               weight._block_size, weight.dtype, 1,
+                                               weight.shape[1])
+        weight.__dict__["_torchmx_dequantize"] = (plan, aligned)
+        return plan(data, scale)
     return weight.dequantize()
 
 
