@@ -16,21 +16,26 @@
    - bf16: nn.Linear layers (the baseline);
    - mxfp8 (hp gather): MXLinear, MXFP8 weights and activations, weights gathered in bf16;
    - mxfp8, mxfp4: the same with `enable_mx_all_gather` (MXFP4 weights with MXFP8
-     activations), weights gathered as MX bytes.
+     activations), weights gathered as MX bytes;
+   - mxfp4 +lm_head: mxfp4 with lm_head in MX QAT too (gathered as MX bytes); in every other
+     recipe the embedding and lm_head stay in bf16 (not quantized).
+   Every model is built first; then the recipes take turns step by step (`--recipes` picks
+   them), so that a drift of the machine's speed during the run reaches all of them alike.
    It prints the bytes each rank receives from FSDP2's all-gathers in one training step
-   (forward and backward; all parameters, and the MX layers' weights alone) and the median
-   step time, each as a ratio to bf16 (issue 48's targets: bytes <= 0.55x for MXFP8 and
-   <= 0.30x for MXFP4; step time <= 1.10x). The hp-gather and MX-gather runs quantize the same
-   bf16 weights: their first-step losses must agree bit for bit, and the script says whether
-   they do (later steps may not: the timed runs allow nondeterministic kernels).
-   The embedding and lm_head stay in bf16 (not quantized) in every run. "host ms" is when
-   the host had queued the step: where it is close to the step time, the host is the limit.
-   `--compile` compiles each decoder layer (inductor) after `fully_shard` in every recipe.
+   (forward and backward; all parameters, and the decoder layers' linear weights alone) and
+   the median step time, each as a ratio to bf16 (issue 48's targets: bytes <= 0.55x for
+   MXFP8 and <= 0.30x for MXFP4; step time <= 1.10x). The hp-gather and MX-gather runs
+   quantize the same bf16 weights: their first-step losses must agree bit for bit, and the
+   script says whether they do (later steps may not: the timed runs allow nondeterministic
+   kernels). "host ms" is when the host had queued the step: where it is close to the step
+   time, the host is the limit. `--compile` adds bf16, mxfp8 and mxfp4 with each decoder
+   layer compiled after `fully_shard` (torch.compile, default mode) to the same table.
 3. `--profile [RECIPE ...]` instead: torch.profiler over `--profile-steps` steps of each recipe
    on rank 0, printing host and device milliseconds per step by phase (the MX all-gather hooks,
    FSDP2's all-gather, copy-out and reduce-scatter, MXLinear forward and backward, quantize,
    dequantize, matmuls, copies, host syncs), the top kernels and host ops; `--trace-dir`
-   writes each profile's Chrome trace (gzipped).
+   writes each profile's Chrome trace (gzipped). `--python-profile [RECIPE ...]`: cProfile
+   instead, the Python functions that hold the host longest.
 
 NVLink multicast (NVLS) is left off (NCCL_NVLS_ENABLE=0 unless set).
 """
@@ -64,12 +69,14 @@ SIZES = {  # hidden, intermediate, layers, heads, vocab, sequence
     "small": (256, 512, 2, 4, 1024, 128),
     "1b": (2048, 8192, 16, 16, 32000, 2048),
 }
-RECIPES = {
+RECIPES = {  # weights, activations, MX all-gather, lm_head in QAT too
     "bf16": None,
-    "mxfp8 (hp gather)": ("float8_e4m3", "float8_e4m3", False),
-    "mxfp8": ("float8_e4m3", "float8_e4m3", True),
-    "mxfp4": ("float4_e2m1", "float8_e4m3", True),
+    "mxfp8 (hp gather)": ("float8_e4m3", "float8_e4m3", False, False),
+    "mxfp8": ("float8_e4m3", "float8_e4m3", True, False),
+    "mxfp4": ("float4_e2m1", "float8_e4m3", True, False),
+    "mxfp4 +lm_head": ("float4_e2m1", "float8_e4m3", True, True),
 }
+COMPILED = ("bf16", "mxfp8", "mxfp4")  # the recipes `--compile` also times compiled
 
 
 def llama(size: str, device, eager_attention=False):
@@ -87,13 +94,14 @@ def llama(size: str, device, eager_attention=False):
 
 
 def prepare(model, recipe):
-    """MXLinear layers per `recipe` (lm_head excluded); returns the MX-gathered layers."""
+    """MXLinear layers per `recipe` (lm_head excluded unless the recipe says otherwise);
+    returns the MX-gathered layers."""
     if recipe is None:
         return []
-    weights, activations, mx_gather = recipe
+    weights, activations, mx_gather, lm_head = recipe
     config = QLinearConfig(weights_config=MXConfig(weights),
                            activations_config=MXConfig(activations))
-    torchmx.prepare_qat_(model, config, exclude=["lm_head"], progress=False)
+    torchmx.prepare_qat_(model, config, exclude=[] if lm_head else ["lm_head"], progress=False)
     return enable_mx_all_gather(model) if mx_gather else []
 
 
@@ -224,40 +232,58 @@ def linear_weight_bytes(model, mx_gathered) -> int:
     return total
 
 
-def time_recipe(name, size, device, rank, world, steps, counter, batch=1, compile_layers=False):
+def build_run(name, size, device, compile_layers=False):
+    """A model of recipe `name` under FSDP2 (bf16 parameters, fp32 reductions), its optimizer
+    and the bytes its linear layers' weights gather per step."""
     model = llama(size, device)
     mx_gathered = prepare(model, RECIPES[name])
     # forward and backward each gather every layer's weights (resharded after forward)
     layer_bytes = 2 * linear_weight_bytes(model, mx_gathered)
     shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
           compile_layers)
-    opt = optimizer(model)
+    return {"model": model, "opt": optimizer(model), "layer_bytes": layer_bytes,
+            "times": [], "queued": [], "losses": []}
+
+
+def time_recipes(names, size, device, rank, world, steps, counter, batch=1, compiled=()):
+    """Median step time of each recipe in `names` (and of those in `compiled` with each decoder
+    layer compiled, labelled "... compiled"). Every model is built first, then the recipes take
+    turns step by step (3 warm-up steps, then `steps` timed ones), so that a drift of the
+    host's or the GPU's speed during the run reaches every recipe alike."""
+    runs = {name: build_run(name, size, device) for name in names}
+    for name in compiled:
+        runs[f"{name} compiled"] = build_run(name, size, device, compile_layers=True)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times, queued, losses = [], [], []
     for step in range(3 + steps):
         ids = tokens(step, rank, size, device, world, batch)
-        counter.total, counter.counting = 0, step == 2
-        sync()
-        start = time.perf_counter()
-        loss = step_loss(model, ids)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        host = time.perf_counter() - start  # the host has queued the step
-        sync()
-        counter.counting = False
-        if step == 2:
-            step_bytes = counter.total
-        if step >= 3:
-            times.append(time.perf_counter() - start)
-            queued.append(host)
-        losses.append(loss.detach().float().cpu())
-    del model, opt
+        for run in runs.values():
+            model, opt = run["model"], run["opt"]
+            counter.total, counter.counting = 0, step == 2
+            sync()
+            start = time.perf_counter()
+            loss = step_loss(model, ids)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            host = time.perf_counter() - start  # the host has queued the step
+            sync()
+            counter.counting = False
+            if step == 2:
+                run["step_bytes"] = counter.total
+            if step >= 3:
+                run["times"].append(time.perf_counter() - start)
+                run["queued"].append(host)
+            run["losses"].append(loss.detach().float().cpu())
+    results = {}
+    for label, run in runs.items():
+        results[label] = {"step_bytes": run["step_bytes"], "layer_bytes": run["layer_bytes"],
+                          "step_s": statistics.median(run["times"]),
+                          "host_s": statistics.median(run["queued"]),
+                          "losses": torch.stack(run["losses"])}
+    del runs
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"step_bytes": step_bytes, "layer_bytes": layer_bytes,
-            "step_s": statistics.median(times), "host_s": statistics.median(queued),
-            "losses": torch.stack(losses)}
+    return results
 
 
 # ------------------------------------------------------------------------------ 3. profile
@@ -458,8 +484,11 @@ def main():
     parser.add_argument("--batch", type=int, nargs="+", default=[1],
                         help="sequences per rank in the timed steps (one table each)")
     parser.add_argument("--save", default=None, help="also write the printed output here")
+    parser.add_argument("--recipes", nargs="+", choices=tuple(RECIPES), default=list(RECIPES),
+                        help="the recipes timed (bf16, the baseline, always)")
     parser.add_argument("--compile", action="store_true",
-                        help="time the recipes with each decoder layer compiled (inductor)")
+                        help=f"also time {', '.join(COMPILED)} with each decoder layer compiled "
+                             "(torch.compile, default mode)")
     parser.add_argument("--profile", nargs="*", choices=tuple(RECIPES), default=None,
                         help="profile these recipes (all by default) instead of the checks and "
                              "timings")
@@ -471,6 +500,7 @@ def main():
                         help="write each profile's Chrome trace here (gzipped)")
     args = parser.parse_args()
     size = args.size or ("1b" if args.device == "cuda" else "tiny")
+    args.recipes = ["bf16"] + [r for r in args.recipes if r != "bf16"]
     check_size = args.check_size or ("small" if args.device == "cuda" else "tiny")
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -523,44 +553,53 @@ def main():
             f"to one process: {'yes' if equal else f'NO (max difference {diff:.3g})'}")
 
     for batch in args.batch:
-        results = {}
-        for recipe in RECIPES:
-            results[recipe] = time_recipe(recipe, size, device, rank, world, args.steps, counter,
-                                          batch, args.compile)
-        report(results, size, batch, args.steps, say, args.compile)
+        results = time_recipes(args.recipes, size, device, rank, world, args.steps, counter,
+                               batch, [r for r in COMPILED if r in args.recipes] if args.compile
+                               else ())
+        report(results, size, batch, args.steps, say)
         if args.save and rank == 0:  # after each table: a later one may run out of memory
             with open(args.save, "w") as f:
                 f.write("\n".join(printed) + "\n")
     dist.destroy_process_group()
 
 
-def report(results, size, batch, steps, say, compiled=False):
+def report(results, size, batch, steps, say):
     params = sum(p.numel() for p in llama(size, "meta").parameters())
     say(f"\n{size} Llama-style model ({params / 1e6:,.1f}M parameters), sequence "
         f"{SIZES[size][5]}, {batch} sequence{'s' if batch > 1 else ''} per rank, {steps} timed "
-        f"steps{', each decoder layer compiled' if compiled else ''}")
+        f"steps, the recipes taking turns step by step")
     base = results["bf16"]
-    say(f"{'recipe':20} {'gathered/step MB':>17} {'x bf16':>7} {'linear weights MB':>18} "
+    say(f"{'recipe':24} {'gathered/step MB':>17} {'x bf16':>7} {'linear weights MB':>18} "
         f"{'x bf16':>7} {'step ms':>9} {'x bf16':>7} {'host ms':>8}")
 
     def ratio(a, b):
         return f"{a / b:7.3f}" if b else f"{'n/a':>7}"
 
     for recipe, r in results.items():
-        say(f"{recipe:20} {r['step_bytes'] / 1e6:17.1f} "
+        say(f"{recipe:24} {r['step_bytes'] / 1e6:17.1f} "
             f"{ratio(r['step_bytes'], base['step_bytes'])} "
             f"{r['layer_bytes'] / 1e6:18.1f} {ratio(r['layer_bytes'], base['layer_bytes'])} "
             f"{r['step_s'] * 1e3:9.1f} {ratio(r['step_s'], base['step_s'])} "
             f"{r['host_s'] * 1e3:8.1f}")
     say("(host ms: when the host had queued the whole step; close to the step time, the step "
-        "waits on the host, not the GPU)")
+        "waits on the host, not the GPU. linear weights: the decoder layers' linear layers, "
+        "lm_head not included; gathered/step: every parameter, the embedding and lm_head "
+        "included, bf16 unless the recipe's name says \"+lm_head\" (lm_head in MX QAT too). "
+        "\"compiled\": each decoder layer compiled, torch.compile default mode)")
     if not base["step_bytes"]:
         say("(FSDP2's all-gather was not counted: this torch calls neither dist.all_gather_single "
             "nor dist.all_gather_into_tensor through the module)")
-    mx, hp = results["mxfp8"]["losses"], results["mxfp8 (hp gather)"]["losses"]
-    say(f"check: mxfp8 first-step loss with MX gather equal to hp gather (the same quantized "
-        f"bf16 weights): {'yes' if torch.equal(mx[0], hp[0]) else 'NO'}; later steps differ by "
-        f"up to {(mx - hp).abs().max().item():.3g} (nondeterministic kernels allowed here)")
+    if "mxfp8" in results and "mxfp8 (hp gather)" in results:
+        mx, hp = results["mxfp8"]["losses"], results["mxfp8 (hp gather)"]["losses"]
+        say(f"check: mxfp8 first-step loss with MX gather equal to hp gather (the same quantized "
+            f"bf16 weights): {'yes' if torch.equal(mx[0], hp[0]) else 'NO'}; later steps differ "
+            f"by up to {(mx - hp).abs().max().item():.3g} (nondeterministic kernels allowed here)")
+    for label in results:
+        eager = label.removesuffix(" compiled")
+        if label != eager and eager in results:
+            same = torch.equal(results[label]["losses"][0], results[eager]["losses"][0])
+            say(f"check: {label} first-step loss equal to eager: {'yes' if same else 'no'} "
+                f"(inductor may fuse and round differently)")
 
 
 if __name__ == "__main__":
