@@ -7,6 +7,9 @@ quantized with blocks along K and dequantized exactly, then multiplied in high p
 two backward GEMMs are quantized along their reduction dims (QLinearGradConfig).
 """
 
+import sys
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,13 +43,15 @@ class _MXLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, qconfig):
         x_q = fake_quantize(x, qconfig.activations_config, -1)
-        w_q = _quantized_weight(weight, qconfig)
+        gathered = _gathered_mx(weight)
+        w_q = (fake_quantize(weight, qconfig.weights_config, -1) if gathered is None
+               else _dequantized_weight(weight, gathered))
         grad = qconfig.grad_config
         # Backward requantizes the high-precision operand when its role has a config, else it
         # reuses the forward's quantized operand (straight-through).
         x_saved = x if grad is not None and grad.wgrad_input_config is not None else x_q
         w_saved = weight if grad is not None and grad.dgrad_weight_config is not None else w_q
-        if isinstance(weight, MXTensor):  # FSDP2 frees and re-gathers it: keep no copy
+        if gathered is not None:  # FSDP2 frees and re-gathers it: keep no copy
             w_saved = weight
         ctx.save_for_backward(x_saved, w_saved)
         ctx.grad_config = grad
@@ -57,8 +62,9 @@ class _MXLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         x, weight = ctx.saved_tensors
-        if isinstance(weight, MXTensor):
-            weight = _dequantized(weight)
+        gathered = _gathered_mx(weight)
+        if gathered is not None:
+            weight = _dequantized_weight(weight, gathered)
         x_dtype, weight_dtype, bias_dtype = ctx.dtypes
         cfg = ctx.grad_config
         g = grad_output.reshape(-1, grad_output.shape[-1])  # (tokens M, out_features N)
@@ -78,12 +84,27 @@ class _MXLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
-def _quantized_weight(weight, qconfig):
-    """The weight's MX values in its dtype. An MXTensor weight is the one FSDP2 all-gathered in
-    MX bytes (torchmx.distributed.MXAllGatherWeight), already quantized per weights_config."""
+def _gathered_mx(weight) -> Optional[MXTensor]:
+    """The MXTensor FSDP2 all-gathered as this weight (torchmx.distributed.MXAllGatherWeight,
+    already quantized per weights_config): the weight itself or, with tensor parallelism, the
+    DTensor's local tensor; None for any other weight."""
     if isinstance(weight, MXTensor):
+        return weight
+    # a DTensor only exists once torch.distributed.tensor is imported (torchmx does not)
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(weight, dtensor.DTensor) \
+            and isinstance(weight._local_tensor, MXTensor):
+        return weight._local_tensor
+    return None
+
+
+def _dequantized_weight(weight, gathered: MXTensor) -> torch.Tensor:
+    """The gathered weight's values (`gathered` from _gathered_mx), a DTensor of the same
+    placements where the weight is one."""
+    if gathered is weight:
         return _dequantized(weight)
-    return fake_quantize(weight, qconfig.weights_config, -1)
+    return type(weight).from_local(_dequantized(gathered), weight.device_mesh, weight.placements,
+                                   run_check=False, shape=weight.shape, stride=weight.stride())
 
 
 def _dequantized(weight: MXTensor) -> torch.Tensor:
