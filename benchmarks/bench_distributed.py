@@ -8,7 +8,10 @@
    attention): after `fully_shard`, every MXLinear weight unsharded by FSDP2 is an MXTensor
    whose codes and scales equal quantizing the whole weight on one rank; then `--check-steps`
    (20) AdamW steps of FSDP2 MX-QAT on 2 ranks give the same losses, bit for bit, as one
-   process (rank 0 alone) on the same global batch as the same two micro-batches.
+   process (rank 0 alone) on the same global batch as the same two micro-batches; and
+   FSDP2 over "dp" with tensor parallelism over "tp" on the (1, N) and (N, 1) meshes of the N
+   ranks (column-wise then row-wise MXLinear with MX all-gather, exact integer arithmetic):
+   3 steps' losses and parameters equal one process's.
 2. Timings (`--size 1b`: a Llama-style model of 1.2B parameters, hidden 2048, 16 layers,
    sequence 2048, `--batch` sequences per rank, one table each; `--size tiny` on CPU), every
    run with FSDP2 and
@@ -194,6 +197,74 @@ def check_losses(size, device, rank, world, steps):
         return torch.equal(got, expected), (got - expected).abs().max().item()
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def tp_mlp(fmt, device):
+    """64 -> 128 -> 64 MLP of MXLinear layers (MXFP8 activations) with small integer weights:
+    with integer inputs, a sum of the output as the loss and SGD at a power-of-two rate, every
+    product and fp32 sum stays exact, so tensor parallel partial sums give one process's bits."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 64)).to(device)
+    with torch.no_grad():
+        for layer in (model[0], model[2]):
+            layer.weight.copy_(torch.randint(-3, 4, layer.weight.shape))
+            layer.bias.copy_(torch.randint(-3, 4, layer.bias.shape))
+    torchmx.prepare_qat_(model, QLinearConfig(weights_config=MXConfig(fmt),
+                                              activations_config=MXConfig("float8_e4m3")),
+                         progress=False)
+    return model
+
+
+def check_fsdp_tp(device, rank, world, steps=3, lr=2.0 ** -7):
+    """FSDP2 over "dp" and tensor parallelism over "tp" (column-wise then row-wise MXLinear,
+    MX all-gather) on the 2-d meshes `world` ranks make, (1, world) and (world, 1): the losses
+    and parameters after `steps` SGD steps against one process, bit for bit."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    def data(step, dp_rank, dp):
+        g = torch.Generator().manual_seed(300 + step)
+        x = torch.randint(-3, 4, (dp * 4, 64), generator=g).float()
+        return x[dp_rank * 4:(dp_rank + 1) * 4].to(device)
+
+    results = []
+    for fmt in ("float8_e4m3", "float4_e2m1"):
+        for shape in ((1, world), (world, 1)):
+            mesh = init_device_mesh(device.type, shape, mesh_dim_names=("dp", "tp"))
+            model = parallelize_module(tp_mlp(fmt, device), mesh["tp"],
+                                       {"0": ColwiseParallel(), "2": RowwiseParallel()})
+            wrapped = enable_mx_all_gather(model)
+            for i in (0, 2):
+                fully_shard(model[i], mesh=mesh["dp"])
+            fully_shard(model, mesh=mesh["dp"])
+            opt = torch.optim.SGD(model.parameters(), lr=lr)
+            dp_rank, losses = mesh["dp"].get_local_rank(), []
+            for step in range(steps):
+                loss = model(data(step, dp_rank, shape[0])).sum()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.detach())
+            params = {n: p.full_tensor() for n, p in model.named_parameters()}
+            reference = tp_mlp(fmt, device)
+            ref_opt = torch.optim.SGD(reference.parameters(), lr=lr)
+            expected = []
+            for step in range(steps):
+                for r in range(shape[0]):
+                    loss = reference(data(step, r, shape[0])).sum()
+                    (loss / shape[0]).backward()
+                    expected.append(loss.detach())
+                ref_opt.step()
+                ref_opt.zero_grad()
+            same = wrapped == ["0", "2"] and all(
+                torch.equal(losses[s], expected[s * shape[0] + dp_rank]) for s in range(steps))
+            same &= all(torch.equal(params[n], p) for n, p in reference.named_parameters())
+            flags = torch.tensor([float(same)], device=device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+            results.append((fmt, shape, bool(flags.item())))
+    return results
 
 
 # ------------------------------------------------------------------------------ 2. timings
@@ -551,6 +622,9 @@ def main():
         equal, diff = losses
         say(f"check: {args.check_steps} steps of FSDP2 MX-QAT on {world} ranks, losses equal "
             f"to one process: {'yes' if equal else f'NO (max difference {diff:.3g})'}")
+    for fmt, shape, same in check_fsdp_tp(device, rank, world):
+        say(f"check: FSDP2 + tensor parallel MX-QAT on a {shape} (dp, tp) mesh, {fmt} weights, "
+            f"3 steps: losses and parameters equal to one process: {'yes' if same else 'NO'}")
 
     for batch in args.batch:
         results = time_recipes(args.recipes, size, device, rank, world, args.steps, counter,

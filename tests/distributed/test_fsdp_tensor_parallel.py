@@ -66,6 +66,7 @@ def test_gathered_weight_is_the_tensor_parallel_shard_of_the_whole_weight_quanti
     for result in ranks:
         got = result[fmt]
         assert got["wrapped"] == ["0", "2"]
+        assert got["split_blocks_wrapped"] == []  # 48 columns per tp rank: not whole blocks
         _, tp = got["coordinates"]
         for i, dim in ((0, 0), (2, 1)):
             gathered = got["gathered"][i]

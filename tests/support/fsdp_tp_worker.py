@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import distributed_worker as base
+import torchmx
 
 MESH = (2, 2)  # (dp, tp)
 WORLD = MESH[0] * MESH[1]
@@ -98,8 +99,14 @@ def fsdp_tp_qat(fmt):
         opt.zero_grad()
         losses.append(loss.detach())
     params = {n: p.full_tensor() for n, p in model.named_parameters()}
+    # a row-wise layer whose tp shards would split blocks (96 columns: 48 per rank) keeps the
+    # high-precision gather
+    split = parallelize_module(
+        torch.nn.Sequential(torchmx.MXLinear(96, 64, qconfig=model[0].qconfig)), mesh["tp"],
+        {"0": RowwiseParallel()})
     return {"wrapped": wrapped, "gathered": gathered, "losses": losses, "params": params,
-            "coordinates": (dp_rank, mesh["tp"].get_local_rank())}
+            "coordinates": (dp_rank, mesh["tp"].get_local_rank()),
+            "split_blocks_wrapped": enable_mx_all_gather(split)}
 
 
 tp_qat_model = base.tp_qat_model
