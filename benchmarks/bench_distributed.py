@@ -129,7 +129,8 @@ def tokens(step, rank, size, device, world, batch=1):
 
 
 def step_loss(model, ids):
-    return model(input_ids=ids, labels=ids).loss
+    # no KV cache in training (it would also make each compiled layer a graph of its own)
+    return model(input_ids=ids, labels=ids, use_cache=False).loss
 
 
 def optimizer(model, foreach=None):
@@ -551,6 +552,7 @@ def main():
     parser.add_argument("--check-size", choices=tuple(SIZES), default=None,
                         help="model of the checks (default: small on cuda, tiny on cpu)")
     parser.add_argument("--check-steps", type=int, default=20)
+    parser.add_argument("--no-checks", action="store_true", help="timings only")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per recipe")
     parser.add_argument("--batch", type=int, nargs="+", default=[1],
                         help="sequences per rank in the timed steps (one table each)")
@@ -614,17 +616,18 @@ def main():
         dist.destroy_process_group()
         return
 
-    same, count = check_gathered_weights(check_size, device, rank)
-    say(f"check: {count} MXLinear weights gathered by FSDP2 as MXTensors equal to quantizing "
-        f"the whole weight: {'yes' if same else 'NO'}")
-    losses = check_losses(check_size, device, rank, world, args.check_steps)
-    if losses is not None:
-        equal, diff = losses
-        say(f"check: {args.check_steps} steps of FSDP2 MX-QAT on {world} ranks, losses equal "
-            f"to one process: {'yes' if equal else f'NO (max difference {diff:.3g})'}")
-    for fmt, shape, same in check_fsdp_tp(device, rank, world):
-        say(f"check: FSDP2 + tensor parallel MX-QAT on a {shape} (dp, tp) mesh, {fmt} weights, "
-            f"3 steps: losses and parameters equal to one process: {'yes' if same else 'NO'}")
+    if not args.no_checks:
+        same, count = check_gathered_weights(check_size, device, rank)
+        say(f"check: {count} MXLinear weights gathered by FSDP2 as MXTensors equal to quantizing "
+            f"the whole weight: {'yes' if same else 'NO'}")
+        losses = check_losses(check_size, device, rank, world, args.check_steps)
+        if losses is not None:
+            equal, diff = losses
+            say(f"check: {args.check_steps} steps of FSDP2 MX-QAT on {world} ranks, losses equal "
+                f"to one process: {'yes' if equal else f'NO (max difference {diff:.3g})'}")
+        for fmt, shape, same in check_fsdp_tp(device, rank, world):
+            say(f"check: FSDP2 + tensor parallel MX-QAT on a {shape} (dp, tp) mesh, {fmt} weights, "
+                f"3 steps: losses and parameters equal to one process: {'yes' if same else 'NO'}")
 
     for batch in args.batch:
         results = time_recipes(args.recipes, size, device, rank, world, args.steps, counter,
