@@ -22,8 +22,8 @@
      activations), weights gathered as MX bytes;
    - mxfp4 +lm_head: mxfp4 with lm_head in MX QAT too (gathered as MX bytes); in every other
      recipe the embedding and lm_head stay in bf16 (not quantized).
-   Every model is built first; then the recipes take turns step by step (`--recipes` picks
-   them), so that a drift of the machine's speed during the run reaches all of them alike.
+   One model at a time (`--recipes` picks them), and bf16 once more at the end: how far the
+   machine's speed drifted during the run.
    It prints the bytes each rank receives from FSDP2's all-gathers in one training step
    (forward and backward; all parameters, and the decoder layers' linear weights alone) and
    the median step time, each as a ratio to bf16 (issue 48's targets: bytes <= 0.55x for
@@ -318,18 +318,21 @@ def build_run(name, size, device, compile_layers=False):
 
 
 def time_recipes(names, size, device, rank, world, steps, counter, batch=1, compiled=()):
-    """Median step time of each recipe in `names` (and of those in `compiled` with each decoder
-    layer compiled, labelled "... compiled"). Every model is built first, then the recipes take
-    turns step by step (3 warm-up steps, then `steps` timed ones), so that a drift of the
-    host's or the GPU's speed during the run reaches every recipe alike."""
-    runs = {name: build_run(name, size, device) for name in names}
-    for name in compiled:
-        runs[f"{name} compiled"] = build_run(name, size, device, compile_layers=True)
+    """Median step time of each recipe in `names`, then of those in `compiled` with each
+    decoder layer compiled (labelled "... compiled"), then of bf16 again ("bf16 again": how
+    far the machine's speed drifted during the run). One model at a time, as in a training
+    run: built, 3 warm-up steps, `steps` timed ones, freed. (In a run that kept every model
+    and took turns step by step, the MX recipes' step times rose by tens of ms more than
+    bf16's: results/distributed_2026-11-28_1109_2x-nvidia-h200_interleaved.txt.)"""
+    labels = [(name, False) for name in names] + [(name, True) for name in compiled]
+    labels.append(("bf16", False))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for step in range(3 + steps):
-        ids = tokens(step, rank, size, device, world, batch)
-        for run in runs.values():
-            model, opt = run["model"], run["opt"]
+    results = {}
+    for name, compile_layers in labels:
+        run = build_run(name, size, device, compile_layers)
+        model, opt = run["model"], run["opt"]
+        for step in range(3 + steps):
+            ids = tokens(step, rank, size, device, world, batch)
             counter.total, counter.counting = 0, step == 2
             sync()
             start = time.perf_counter()
@@ -346,15 +349,15 @@ def time_recipes(names, size, device, rank, world, steps, counter, batch=1, comp
                 run["times"].append(time.perf_counter() - start)
                 run["queued"].append(host)
             run["losses"].append(loss.detach().float().cpu())
-    results = {}
-    for label, run in runs.items():
+        label = f"{name} compiled" if compile_layers else name
+        label = "bf16 again" if label in results else label
         results[label] = {"step_bytes": run["step_bytes"], "layer_bytes": run["layer_bytes"],
                           "step_s": statistics.median(run["times"]),
                           "host_s": statistics.median(run["queued"]),
                           "losses": torch.stack(run["losses"])}
-    del runs
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+        del run, model, opt
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return results
 
 
@@ -643,8 +646,8 @@ def main():
 def report(results, size, batch, steps, say):
     params = sum(p.numel() for p in llama(size, "meta").parameters())
     say(f"\n{size} Llama-style model ({params / 1e6:,.1f}M parameters), sequence "
-        f"{SIZES[size][5]}, {batch} sequence{'s' if batch > 1 else ''} per rank, {steps} timed "
-        f"steps, the recipes taking turns step by step")
+        f"{SIZES[size][5]}, {batch} sequence{'s' if batch > 1 else ''} per rank, median of "
+        f"{steps} timed steps")
     base = results["bf16"]
     say(f"{'recipe':24} {'gathered/step MB':>17} {'x bf16':>7} {'linear weights MB':>18} "
         f"{'x bf16':>7} {'step ms':>9} {'x bf16':>7} {'host ms':>8}")
