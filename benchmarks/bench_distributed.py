@@ -666,6 +666,11 @@ def report(results, size, batch, steps, say):
         "lm_head not included; gathered/step: every parameter, the embedding and lm_head "
         "included, bf16 unless the recipe's name says \"+lm_head\" (lm_head in MX QAT too). "
         "\"compiled\": each decoder layer compiled, torch.compile default mode)")
+    again = results.get("bf16 again")
+    if again is not None and abs(again["step_s"] / base["step_s"] - 1) > 0.05:
+        say(f"warning: bf16's step took {again['step_s'] / base['step_s']:.2f}x as long at the "
+            f"end of the run as at its start: the step-time ratios above are uncertain by as "
+            f"much")
     if not base["step_bytes"]:
         say("(FSDP2's all-gather was not counted: this torch calls neither dist.all_gather_single "
             "nor dist.all_gather_into_tensor through the module)")
