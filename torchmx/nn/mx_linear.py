@@ -70,18 +70,30 @@ class _MXLinearFunction(torch.autograd.Function):
         g = grad_output.reshape(-1, grad_output.shape[-1])  # (tokens M, out_features N)
         dtype = g.dtype
         grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:  # dgrad: (M, N) @ (N, K), reduces over N
-            g_d = fake_quantize(g, cfg and cfg.dgrad_grad_output_config, -1)
-            w_d = fake_quantize(weight, cfg and cfg.dgrad_weight_config, 0)
-            grad_x = (g_d @ w_d.to(dtype)).reshape(*grad_output.shape[:-1], -1).to(x_dtype)
-        if ctx.needs_input_grad[1]:  # wgrad: (N, M) @ (M, K), reduces over the tokens M
+        needs = ctx.needs_input_grad
+        if needs[0]:  # dgrad: (M, N) @ (N, K), reduces over N
+            g_d = _requantized(g, cfg and cfg.dgrad_grad_output_config, -1)
+            w_d = _requantized(weight, cfg and cfg.dgrad_weight_config, 0)
+            grad_x = _cast((g_d @ _cast(w_d, dtype)).reshape(*grad_output.shape[:-1], -1),
+                           x_dtype)
+        if needs[1]:  # wgrad: (N, M) @ (M, K), reduces over the tokens M
             x2 = x.reshape(-1, x.shape[-1])
-            g_w = fake_quantize(g, cfg and cfg.wgrad_grad_output_config, 0)
-            x_w = fake_quantize(x2, cfg and cfg.wgrad_input_config, 0)
-            grad_w = (g_w.t() @ x_w.to(dtype)).to(weight_dtype)
-        if bias_dtype is not None and ctx.needs_input_grad[2]:
-            grad_b = g.sum(0).to(bias_dtype)
+            g_w = _requantized(g, cfg and cfg.wgrad_grad_output_config, 0)
+            x_w = _requantized(x2, cfg and cfg.wgrad_input_config, 0)
+            grad_w = _cast(g_w.t() @ _cast(x_w, dtype), weight_dtype)
+        if bias_dtype is not None and needs[2]:
+            grad_b = _cast(g.sum(0), bias_dtype)
         return grad_x, grad_w, grad_b, None
+
+
+# The backward runs at every step of every layer: these two skip calls that would change
+# nothing (no config for the role; the dtype already right), a host-time matter only.
+def _requantized(t: torch.Tensor, config, block_dim: int) -> torch.Tensor:
+    return t if config is None else fake_quantize(t, config, block_dim)
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _gathered_mx(weight) -> Optional[MXTensor]:
