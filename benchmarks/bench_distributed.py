@@ -22,8 +22,9 @@
      activations), weights gathered as MX bytes;
    - mxfp4 +lm_head: mxfp4 with lm_head in MX QAT too (gathered as MX bytes); in every other
      recipe the embedding and lm_head stay in bf16 (not quantized).
-   One model at a time (`--recipes` picks them), and bf16 once more at the end: how far the
-   machine's speed drifted during the run.
+   One model at a time (`--recipes` picks them), `--rounds` times over (the step-time
+   ratio: each round against its own bf16, the median over rounds), and bf16 once more at
+   the end: how far the machine's speed drifted during the run.
    It prints the bytes each rank receives from FSDP2's all-gathers in one training step
    (forward and backward; all parameters, and the decoder layers' linear weights alone) and
    the median step time, each as a ratio to bf16 (issue 48's targets: bytes <= 0.55x for
@@ -317,18 +318,20 @@ def build_run(name, size, device, compile_layers=False):
             "times": [], "queued": [], "losses": []}
 
 
-def time_recipes(names, size, device, rank, world, steps, counter, batch=1, compiled=()):
+def time_recipes(names, size, device, rank, world, steps, counter, batch=1, compiled=(),
+                 rounds=1):
     """Median step time of each recipe in `names`, then of those in `compiled` with each
-    decoder layer compiled (labelled "... compiled"), then of bf16 again ("bf16 again": how
-    far the machine's speed drifted during the run). One model at a time, as in a training
-    run: built, 3 warm-up steps, `steps` timed ones, freed. (In a run that kept every model
-    and took turns step by step, the MX recipes' step times rose by tens of ms more than
-    bf16's: results/distributed_2026-11-28_1109_2x-nvidia-h200_interleaved.txt.)"""
+    decoder layer compiled (labelled "... compiled"), `rounds` times over, then of bf16 once
+    more ("bf16 again": how far the machine's speed drifted during the run). One model at a
+    time, as in a training run: built, 3 warm-up steps, `steps` timed ones, freed. (In a run
+    that kept every model and took turns step by step, the MX recipes' step times rose by tens
+    of ms more than bf16's: results/distributed_2026-11-28_1109_2x-nvidia-h200_interleaved.txt.)
+    Returns {label: {"step_s": [a median per round], "host_s": [...], ...}}."""
     labels = [(name, False) for name in names] + [(name, True) for name in compiled]
-    labels.append(("bf16", False))
+    sequence = labels * rounds + [("bf16", False)]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     results = {}
-    for name, compile_layers in labels:
+    for index, (name, compile_layers) in enumerate(sequence):
         run = build_run(name, size, device, compile_layers)
         model, opt = run["model"], run["opt"]
         for step in range(3 + steps):
@@ -350,11 +353,13 @@ def time_recipes(names, size, device, rank, world, steps, counter, batch=1, comp
                 run["queued"].append(host)
             run["losses"].append(loss.detach().float().cpu())
         label = f"{name} compiled" if compile_layers else name
-        label = "bf16 again" if label in results else label
-        results[label] = {"step_bytes": run["step_bytes"], "layer_bytes": run["layer_bytes"],
-                          "step_s": statistics.median(run["times"]),
-                          "host_s": statistics.median(run["queued"]),
-                          "losses": torch.stack(run["losses"])}
+        if index == len(sequence) - 1:
+            label = "bf16 again"
+        entry = results.setdefault(label, {
+            "step_bytes": run["step_bytes"], "layer_bytes": run["layer_bytes"],
+            "step_s": [], "host_s": [], "losses": torch.stack(run["losses"])})
+        entry["step_s"].append(statistics.median(run["times"]))
+        entry["host_s"].append(statistics.median(run["queued"]))
         del run, model, opt
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -556,6 +561,9 @@ def main():
                         help="model of the checks (default: small on cuda, tiny on cpu)")
     parser.add_argument("--check-steps", type=int, default=20)
     parser.add_argument("--no-checks", action="store_true", help="timings only")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time the recipes this many times over, one model at a time; "
+                             "ratios: each round against its own bf16, median over rounds")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per recipe")
     parser.add_argument("--batch", type=int, nargs="+", default=[1],
                         help="sequences per rank in the timed steps (one table each)")
@@ -635,7 +643,7 @@ def main():
     for batch in args.batch:
         results = time_recipes(args.recipes, size, device, rank, world, args.steps, counter,
                                batch, [r for r in COMPILED if r in args.recipes] if args.compile
-                               else ())
+                               else (), args.rounds)
         report(results, size, batch, args.steps, say)
         if args.save and rank == 0:  # after each table: a later one may run out of memory
             with open(args.save, "w") as f:
@@ -649,28 +657,36 @@ def report(results, size, batch, steps, say):
         f"{SIZES[size][5]}, {batch} sequence{'s' if batch > 1 else ''} per rank, median of "
         f"{steps} timed steps")
     base = results["bf16"]
+    rounds = len(base["step_s"])
     say(f"{'recipe':24} {'gathered/step MB':>17} {'x bf16':>7} {'linear weights MB':>18} "
-        f"{'x bf16':>7} {'step ms':>9} {'x bf16':>7} {'host ms':>8}")
+        f"{'x bf16':>7} {'step ms':>9} {'x bf16':>7} {'host ms':>8}"
+        + ("  x bf16 by round" if rounds > 1 else ""))
 
     def ratio(a, b):
         return f"{a / b:7.3f}" if b else f"{'n/a':>7}"
 
     for recipe, r in results.items():
+        # the step-time ratio: each round's against that round's bf16, the median over rounds
+        by_round = [t / b for t, b in zip(r["step_s"], base["step_s"])]
+        if recipe == "bf16 again":
+            by_round = [r["step_s"][0] / base["step_s"][0]]
         say(f"{recipe:24} {r['step_bytes'] / 1e6:17.1f} "
             f"{ratio(r['step_bytes'], base['step_bytes'])} "
             f"{r['layer_bytes'] / 1e6:18.1f} {ratio(r['layer_bytes'], base['layer_bytes'])} "
-            f"{r['step_s'] * 1e3:9.1f} {ratio(r['step_s'], base['step_s'])} "
-            f"{r['host_s'] * 1e3:8.1f}")
+            f"{statistics.median(r['step_s']) * 1e3:9.1f} {statistics.median(by_round):7.3f} "
+            f"{statistics.median(r['host_s']) * 1e3:8.1f}"
+            + ("  " + " ".join(f"{x:.3f}" for x in by_round) if rounds > 1 else ""))
     say("(host ms: when the host had queued the whole step; close to the step time, the step "
         "waits on the host, not the GPU. linear weights: the decoder layers' linear layers, "
         "lm_head not included; gathered/step: every parameter, the embedding and lm_head "
         "included, bf16 unless the recipe's name says \"+lm_head\" (lm_head in MX QAT too). "
         "\"compiled\": each decoder layer compiled, torch.compile default mode)")
-    again = results.get("bf16 again")
-    if again is not None and abs(again["step_s"] / base["step_s"] - 1) > 0.05:
-        say(f"warning: bf16's step took {again['step_s'] / base['step_s']:.2f}x as long at the "
-            f"end of the run as at its start: the step-time ratios above are uncertain by as "
-            f"much")
+    bf16_times = base["step_s"] + results.get("bf16 again", {"step_s": []})["step_s"]
+    drift = max(bf16_times) / min(bf16_times)
+    if drift > 1.05:
+        say(f"warning: bf16's step time varied by {drift:.2f}x during the run (its {rounds} "
+            f"round{'s' if rounds > 1 else ''} and the end): step-time ratios are uncertain by "
+            f"as much")
     if not base["step_bytes"]:
         say("(FSDP2's all-gather was not counted: this torch calls neither dist.all_gather_single "
             "nor dist.all_gather_into_tensor through the module)")
