@@ -18,6 +18,7 @@ import math
 from typing import List
 
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ..nn.mx_linear import MXLinear
@@ -46,6 +47,9 @@ def enable_mx_all_gather(model: nn.Module) -> List[str]:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if any(isinstance(m, FSDPModule) for m in model.modules()):
+        raise ValueError("model: call enable_mx_all_gather before fully_shard (FSDP2 already "
+                         "holds the weights it would wrap)")
     names = []
     for name, module in model.named_modules():
         if not isinstance(module, MXLinear):
