@@ -109,4 +109,4 @@ def fsdp_tp_qat(fmt):
             "split_blocks_wrapped": enable_mx_all_gather(split)}
 
 
-tp_qat_model = base.tp_qat_model
+tp_qat_model = base.tp_qat_model  # the model, for the test's whole-weight quantization
