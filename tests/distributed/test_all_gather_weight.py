@@ -101,6 +101,46 @@ def test_a_write_requantizes():
     assert torch.equal(codes, data.view(torch.uint8)) and torch.equal(scales, scale)
 
 
+def test_foreach_write_over_mixed_tensors_keeps_the_wrapper_and_requantizes():
+    """The optimizer's foreach ops pass lists of every parameter: the wrappers among them are
+    written through, stay themselves, and drop their quantized bytes."""
+    shard = MXAllGatherWeight(torch.randn(4, 64), MXConfig("float8_e4m3"))
+    plain = torch.randn(4, 64)
+    before, plain_before = shard.hp.clone(), plain.clone()
+    shard.fsdp_pre_all_gather(Mesh(2), (8, 64), (64, 1), None, None)
+    torch._foreach_mul_([shard, plain], 2.0)
+    assert shard._gathered is None
+    assert torch.equal(shard.hp, before * 2) and torch.equal(plain, plain_before * 2)
+    (out,) = torch._foreach_add([shard, plain], 1.0)[:1]
+    assert type(out) is torch.Tensor and torch.equal(out, before * 2 + 1)
+
+
+def test_pre_all_gather_hook_signature_is_what_fsdp2_reads():
+    """FSDP2 inspects the hook at every all-gather and takes the 5-argument form."""
+    import inspect
+
+    shard = MXAllGatherWeight(torch.randn(4, 64), MXConfig("float8_e4m3"))
+    assert list(inspect.signature(shard.fsdp_pre_all_gather).parameters) == [
+        "mesh", "outer_size", "outer_stride", "module", "mp_policy"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1", "float6_e3m2", "int8"])
+def test_pre_all_gather_quantize_plan_matches_the_operator_on_cuda(fmt):
+    """On CUDA the shard is quantized through a plan kept on it: the operator's bytes, at the
+    first gather and after a write (the plan reused on new values)."""
+    config = MXConfig(fmt)
+    shard = MXAllGatherWeight(torch.randn(48, 160, device="cuda"), config)
+    policy = SimpleNamespace(param_dtype=torch.bfloat16)
+    for _ in range(2):
+        codes, scales = shard.fsdp_pre_all_gather(Mesh(2), (96, 160), (160, 1), None,
+                                                  policy)[0]
+        scale, data = config.quantize(shard.hp.bfloat16(), -1)
+        assert torch.equal(codes, data.view(torch.uint8)) and torch.equal(scales, scale)
+        shard.mul_(-3.0)
+
+
 def test_wrapped_mxlinear_trains_like_the_plain_one():
     config = QLinearConfig(weights_config=MXConfig("float4_e2m1"),
                            activations_config=MXConfig("float8_e4m3"))

@@ -268,6 +268,7 @@ def test_docs_tensor_parallel_mlp(ranks):
 
 @pytest.mark.parametrize("name, error, message", [
     ("model", "TypeError", "model must be a torch.nn.Module"),
+    ("sharded", "ValueError", "model: call enable_mx_all_gather before fully_shard"),
     ("config", "TypeError", "config must be a torchmx.MXConfig"),
     ("plan", "TypeError", "plan must be a non-empty dict"),
     ("plan name", "ValueError", "plan names '1', which is not an MXInferenceLinear"),

@@ -368,7 +368,10 @@ def argument_errors():
     model = tp_model("float8_e4m3", integer_valued=False)
     odd_rows = torchmx.MXInferenceLinear.from_float(nn.Linear(64, 9), model[0].qconfig)
     cut_blocks = torchmx.MXInferenceLinear.from_float(nn.Linear(96, 8), model[0].qconfig)
+    from torch.distributed.fsdp import fully_shard
+    sharded = fully_shard(qat_model("float8_e4m3"))
     calls = {
+        "sharded": lambda: enable_mx_all_gather(sharded),
         "model": lambda: enable_mx_all_gather(torch.ones(2)),
         "config": lambda: MXAllGatherWeight(torch.ones(2, 32), "mxfp8"),
         "plan": lambda: parallelize_mx_inference_linear(model, mesh, ["0"]),

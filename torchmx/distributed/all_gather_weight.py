@@ -15,13 +15,16 @@ ops run on it and keep the wrapper where FSDP2 needs the local shard to stay one
 slices, copies, `new_zeros`).
 """
 
+import inspect
 from typing import Optional
 
 import torch
 from torch.utils._pytree import tree_map_only
 
 from .. import dtypes
+from .._eager import short_path
 from ..config import MXConfig
+from ..kernels.quantize.backends import backend_for, triton_kernels
 from ..mx_tensor import MXTensor
 from ..numerics.packing import packed_length
 
@@ -66,21 +69,25 @@ class MXAllGatherWeight(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        wrappers = [t for t in _tensors(args, kwargs) if isinstance(t, cls)]
-        config = wrappers[0].config
-        inputs = {id(t.hp): t for t in wrappers}
+        wrappers = []  # the wrappers among the arguments, unwrapped by _unwrap
+        args = _unwrap(args, wrappers)
+        kwargs = _unwrap(kwargs, wrappers) if kwargs else {}
         if func._schema.is_mutable:  # a write (optimizer step, load): quantize anew
             for t in wrappers:
                 t._gathered = None
-        args, kwargs = tree_map_only(cls, lambda t: t.hp, (args, kwargs or {}))
         out = func(*args, **kwargs)
+        inputs = {id(t.hp): t for t in wrappers}
+        config = wrappers[0].config
+        keep = func in _KEEP_WRAPPER
 
         def rewrap(t):
             if id(t) in inputs:  # an in-place op returns the tensor it wrote: the wrapper
                 return inputs[id(t)]
-            return cls(t, config) if func in _KEEP_WRAPPER else t
+            return cls(t, config) if keep else t
 
-        return tree_map_only(torch.Tensor, rewrap, out)
+        if isinstance(out, torch.Tensor):
+            return rewrap(out)
+        return out if out is None else tree_map_only(torch.Tensor, rewrap, out)
 
     # torch.compile traces through the wrapper
     def __tensor_flatten__(self):
@@ -114,9 +121,31 @@ class MXAllGatherWeight(torch.Tensor):
         # (every write to the weight goes through __torch_dispatch__, which drops this).
         cached = getattr(self, "_gathered", None)
         if cached is None or cached[0] != dtype:
-            scale, data = self.config.quantize(hp.to(dtype), -1)
+            scale, data = self._quantize(hp.to(dtype))
             cached = self._gathered = (dtype, (data.view(torch.uint8), scale))
         return cached[1], dtype
+
+    # FSDP2 reads this hook's signature (inspect.signature) at every all-gather: given here,
+    # inspect need not rebuild it from the code object each time.
+    fsdp_pre_all_gather.__signature__ = inspect.signature(fsdp_pre_all_gather)
+
+    def _quantize(self, x: torch.Tensor):
+        """(scale, data) of this shard's rows, quantized per the config with blocks along the
+        last dim. In eager mode on CUDA through the Triton backend's quantize plan for this
+        shard, made once and kept (the shard's shape, dtype and device stay; the operator
+        layer's checks and plan lookup would repeat them at every step); elsewhere, and for
+        stochastic rounding (a plan per seed), through the operator."""
+        cfg = self.config
+        if x.is_cuda and cfg.rounding != "stochastic" and short_path(x) \
+                and backend_for(x.device) == "triton":
+            key = (x.dtype, x.shape, x.stride(), x.data_ptr() & 15)
+            plan = self.__dict__.get("_quantize_plan")
+            if plan is None or plan[0] != key:
+                plan = self._quantize_plan = (key, triton_kernels().QuantizePlan(
+                    x, cfg.elem_dtype, cfg.block_size, cfg.scale_mode, cfg.rounding, x.dim() - 1,
+                    None))
+            return plan[1](x)
+        return cfg.quantize(x, -1)
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *,
                              out: Optional[torch.Tensor] = None):
@@ -157,10 +186,20 @@ def plain_state_dict(module, state_dict, prefix, local_metadata) -> None:
             state_dict[name] = value.hp
 
 
-def _tensors(args, kwargs):
-    found = []
-    tree_map_only(torch.Tensor, found.append, (args, kwargs or {}))
-    return found
+def _unwrap(value, wrappers: list):
+    """`value` (an op's arguments: tensors, lists and tuples of them, dicts of keyword
+    arguments, other values) with each MXAllGatherWeight replaced by its `.hp`, appended to
+    `wrappers`. Written out rather than through pytree: the optimizer's foreach ops pass lists
+    of every parameter, and this runs at each of them."""
+    if isinstance(value, MXAllGatherWeight):
+        wrappers.append(value)
+        return value.hp
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return kind([_unwrap(v, wrappers) for v in value])
+    if kind is dict:
+        return {k: _unwrap(v, wrappers) for k, v in value.items()}
+    return value
 
 
 def gathered_bytes_per_row(in_features: int, config: MXConfig) -> int:

@@ -7,6 +7,9 @@ quantized with blocks along K and dequantized exactly, then multiplied in high p
 two backward GEMMs are quantized along their reduction dims (QLinearGradConfig).
 """
 
+import sys
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,60 +43,102 @@ class _MXLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, qconfig):
         x_q = fake_quantize(x, qconfig.activations_config, -1)
-        w_q = _quantized_weight(weight, qconfig)
+        gathered = _gathered_mx(weight)
+        w_q = (fake_quantize(weight, qconfig.weights_config, -1) if gathered is None
+               else _dequantized_weight(weight, gathered))
         grad = qconfig.grad_config
         # Backward requantizes the high-precision operand when its role has a config, else it
         # reuses the forward's quantized operand (straight-through).
         x_saved = x if grad is not None and grad.wgrad_input_config is not None else x_q
         w_saved = weight if grad is not None and grad.dgrad_weight_config is not None else w_q
-        if isinstance(weight, MXTensor):  # FSDP2 frees and re-gathers it: keep no copy
+        if gathered is not None:  # FSDP2 frees and re-gathers it: keep no copy
             w_saved = weight
         ctx.save_for_backward(x_saved, w_saved)
         ctx.grad_config = grad
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        # w_q has the weight's dtype (an MXTensor weight's own would cost a __torch_function__)
+        ctx.dtypes = (x.dtype, w_q.dtype, None if bias is None else bias.dtype)
         return _product(x_q, w_q, bias)
 
     @staticmethod
     def backward(ctx, grad_output):
         x, weight = ctx.saved_tensors
-        if isinstance(weight, MXTensor):
-            weight = _dequantized(weight)
+        gathered = _gathered_mx(weight)
+        if gathered is not None:
+            weight = _dequantized_weight(weight, gathered)
         x_dtype, weight_dtype, bias_dtype = ctx.dtypes
         cfg = ctx.grad_config
         g = grad_output.reshape(-1, grad_output.shape[-1])  # (tokens M, out_features N)
         dtype = g.dtype
         grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:  # dgrad: (M, N) @ (N, K), reduces over N
-            g_d = fake_quantize(g, cfg and cfg.dgrad_grad_output_config, -1)
-            w_d = fake_quantize(weight, cfg and cfg.dgrad_weight_config, 0)
-            grad_x = (g_d @ w_d.to(dtype)).reshape(*grad_output.shape[:-1], -1).to(x_dtype)
-        if ctx.needs_input_grad[1]:  # wgrad: (N, M) @ (M, K), reduces over the tokens M
+        needs = ctx.needs_input_grad
+        if needs[0]:  # dgrad: (M, N) @ (N, K), reduces over N
+            g_d = _requantized(g, cfg and cfg.dgrad_grad_output_config, -1)
+            w_d = _requantized(weight, cfg and cfg.dgrad_weight_config, 0)
+            grad_x = _cast((g_d @ _cast(w_d, dtype)).reshape(*grad_output.shape[:-1], -1),
+                           x_dtype)
+        if needs[1]:  # wgrad: (N, M) @ (M, K), reduces over the tokens M
             x2 = x.reshape(-1, x.shape[-1])
-            g_w = fake_quantize(g, cfg and cfg.wgrad_grad_output_config, 0)
-            x_w = fake_quantize(x2, cfg and cfg.wgrad_input_config, 0)
-            grad_w = (g_w.t() @ x_w.to(dtype)).to(weight_dtype)
-        if bias_dtype is not None and ctx.needs_input_grad[2]:
-            grad_b = g.sum(0).to(bias_dtype)
+            g_w = _requantized(g, cfg and cfg.wgrad_grad_output_config, 0)
+            x_w = _requantized(x2, cfg and cfg.wgrad_input_config, 0)
+            grad_w = _cast(g_w.t() @ _cast(x_w, dtype), weight_dtype)
+        if bias_dtype is not None and needs[2]:
+            grad_b = _cast(g.sum(0), bias_dtype)
         return grad_x, grad_w, grad_b, None
 
 
-def _quantized_weight(weight, qconfig):
-    """The weight's MX values in its dtype. An MXTensor weight is the one FSDP2 all-gathered in
-    MX bytes (torchmx.distributed.MXAllGatherWeight), already quantized per weights_config."""
+# The backward runs at every step of every layer: these two skip calls that would change
+# nothing (no config for the role; the dtype already right), a host-time matter only.
+def _requantized(t: torch.Tensor, config, block_dim: int) -> torch.Tensor:
+    return t if config is None else fake_quantize(t, config, block_dim)
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _gathered_mx(weight) -> Optional[MXTensor]:
+    """The MXTensor FSDP2 all-gathered as this weight (torchmx.distributed.MXAllGatherWeight,
+    already quantized per weights_config): the weight itself or, with tensor parallelism, the
+    DTensor's local tensor; None for any other weight."""
     if isinstance(weight, MXTensor):
+        return weight
+    # a DTensor only exists once torch.distributed.tensor is imported (torchmx does not)
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(weight, dtensor.DTensor) \
+            and isinstance(weight._local_tensor, MXTensor):
+        return weight._local_tensor
+    return None
+
+
+def _dequantized_weight(weight, gathered: MXTensor) -> torch.Tensor:
+    """The gathered weight's values (`gathered` from _gathered_mx), a DTensor of the same
+    placements where the weight is one."""
+    if gathered is weight:
         return _dequantized(weight)
-    return fake_quantize(weight, qconfig.weights_config, -1)
+    return type(weight).from_local(_dequantized(gathered), weight.device_mesh, weight.placements,
+                                   run_check=False, shape=weight.shape, stride=weight.stride())
 
 
 def _dequantized(weight: MXTensor) -> torch.Tensor:
     """weight.dequantize(); in eager mode on CUDA, a gathered weight's rows (blocks along
-    in_features) straight through the Triton backend's planned dequantize: every forward and
-    backward runs it, and the operator layer's checks would repeat what the gather made sure of."""
+    in_features) straight through the Triton backend's dequantize plan, made once per weight
+    object and kept on it: FSDP2 gathers every step into the same unsharded parameter, and the
+    operator layer's checks and plan lookup would repeat, at every forward and backward, what
+    the gather settled (shapes, dtypes, format)."""
+    if not short_path():  # traced (torch.compile, export, modes): the operator
+        return weight.dequantize()
     data, scale = weight._data, weight._scale_e8m0
-    if data.is_cuda and data.dim() == 2 and weight._block_dim == 1 and short_path() \
+    aligned = (data.data_ptr() & 15, scale.data_ptr() & 15)
+    cached = weight.__dict__.get("_torchmx_dequantize")
+    if cached is not None and cached[1] == aligned:  # the plan was made for this alignment
+        return cached[0](data, scale)
+    if data.is_cuda and data.dim() == 2 and weight._block_dim == 1 \
             and backend_for(data.device) == "triton":
-        return triton_kernels().dequantize(data, scale, weight._elem_dtype, weight._block_size,
-                                           weight.dtype, 1, weight.shape[1])
+        plan = triton_kernels().DequantizePlan(data, scale, weight._elem_dtype,
+                                               weight._block_size, weight.dtype, 1,
+                                               weight.shape[1])
+        weight.__dict__["_torchmx_dequantize"] = (plan, aligned)
+        return plan(data, scale)
     return weight.dequantize()
 
 
