@@ -29,6 +29,7 @@ from torch import nn
 import torchmx
 from torchmx.config import MXConfig, QLinearConfig
 from torchmx.kernels.linear import dispatch
+from torchmx.nn import inference_linear
 
 from _timing import wall_us
 from bench_overhead import MLPStack
@@ -98,6 +99,10 @@ def linear_table(layers, out) -> None:
             rows_line = [f"{name}: layer(x) {host(lambda: layer(x)):.1f} "
                          f"({synced(lambda: layer(x)):.1f}, "
                          + attempt("GPU", lambda: kernel_us(lambda: layer(x))) + ")"]
+            entry = inference_linear._BOUND.get(layer)
+            product = entry and entry[1].get((x.shape, x.dtype, True))
+            if product is not None:
+                rows_line.append(f"bound product {host(lambda: product[0](x, None)):.1f}")
             rows_line.append(f"F.linear(x, w_mx) {host(lambda: F.linear(x, weight)):.1f}")
             rows_line.append(f"dispatch.linear {host(lambda: dispatch.linear(x, scale, data, fmt, block, K, None, x.dtype, plans)):.1f}")
             rows_line.append(f"plan() {host(lambda: plan(x2, scale, data, None)):.1f}  [{type(plan).__name__}]")

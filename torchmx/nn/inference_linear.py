@@ -17,6 +17,7 @@ from torch import nn
 
 from .. import dtypes
 from .._eager import short_path
+from ..kernels._launch import hooks_installed
 from ..config import QLinearConfig
 from ..kernels.layouts import fp4_wgmma_layout, mma_layout, tma_stream_layout
 from ..kernels.linear import dispatch as linear_dispatch
@@ -125,6 +126,14 @@ def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
 _WEIGHT_VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # layer -> (its stream copy's source, {kind of input: StreamPlan or None}): outside the layer too
 _STREAM_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# layer -> (its weight's source, {(input shape, input dtype, bias or none): (the product bound
+# to the weight, CUDA device index) or None}): the eager calls of a layer without a prepacked
+# copy (`_bound_call`)
+_BOUND: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_transforms = torch._C._are_functorch_transforms_active
+_current_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
 
 
 class MXInferenceLinear(nn.Module):
@@ -319,6 +328,7 @@ class MXInferenceLinear(nn.Module):
             self.out_features // layout.CHUNK, dtype=torch.int32, device=codes.device)
         self._prepacked_layout = _LAYOUT_NAMES[layout]
         self._prepacked_source = self._weight_source()
+        _BOUND.pop(self, None)  # forward now takes the prepacked copy's kernels
         return self
 
     def _weight_source(self) -> tuple:
@@ -339,6 +349,10 @@ class MXInferenceLinear(nn.Module):
         """y = F.linear(x quantized per activations_config, weight, bias) in x's dtype: the
         packed weight is viewed in x's dtype and the bias cast to it (any of fp32, bf16, fp16
         input works whatever the layer's weight_dtype)."""
+        if not _is_compiling():
+            out = self._bound_call(x)
+            if out is not None:
+                return out
         arguments.check_linear_input(self._describe, x, self.in_features)
         bias = self.bias
         if bias is not None and bias.dtype != x.dtype:
@@ -371,11 +385,57 @@ class MXInferenceLinear(nn.Module):
                 # what F.linear(x, weight, bias) reaches below MXTensor's dispatch, its parts
                 # (one MXTensor's) and route decided when the view was made
                 scale, data, fmt, block_size, K, plans = kernel_parts
-                return linear_dispatch.linear(x, scale, data, fmt, block_size, K, bias, x.dtype,
-                                             plans)
+                out = linear_dispatch.linear(x, scale, data, fmt, block_size, K, bias, x.dtype,
+                                            plans)
+                if prepacked is None and bias is self._parameters["bias"]:
+                    self._bind(x, bias, source, kernel_parts)
+                return out
             return _packed_linear(x, weight, bias, self.qconfig.activations_config, prepacked)
         return _PackedLinearFunction.apply(x, weight, bias, self.qconfig.activations_config,
                                            prepacked)
+
+    def _bound_call(self, x):
+        """forward(x) through the product bound to this layer's weight for inputs like x
+        (`_bind`: the kernel launches of the linear's plan, its compiled kernels called
+        directly), where forward would run that very plan: no prepacked copy, the weight
+        buffers unchanged since, the bias absent or in x's dtype, contiguous and aligned, x
+        a plain contiguous 16-byte aligned tensor on the current CUDA device, no gradient asked
+        and nothing that traces, transforms or profiles the call. None elsewhere: the full
+        forward runs."""
+        entry = _BOUND.get(self)
+        if entry is None or type(x) is not torch.Tensor:
+            return None
+        bias = self._parameters["bias"]
+        bound = entry[1].get((x.shape, x.dtype, bias is None))
+        if (bound is None or not x.is_contiguous() or x.data_ptr() & 15
+                or x.get_device() != bound[1] or _current_device() != bound[1]
+                or _dispatch_modes() or _functorch_transforms() or hooks_installed()
+                or not weight_matmul.cuda_kernels_on()):
+            return None
+        if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()
+                                 or bias.data_ptr() & 15):
+            return None
+        if torch.is_grad_enabled() and (x.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            return None
+        if entry[0] != self._weight_source():  # (prepack() drops the entry)
+            return None
+        return bound[0](x, bias)
+
+    def _bind(self, x, bias, source: tuple, kernel_parts: tuple) -> None:
+        """After forward ran kernels/linear/dispatch.py's plan for x (the layer's own bias, no
+        prepacked copy): keep the product bound to the weight for inputs like x
+        (`dispatch.bound_linear`, None where the plan has none), which `_bound_call` takes."""
+        entry = _BOUND.get(self)
+        if entry is None or entry[0] != source:
+            entry = _BOUND[self] = (source, {})
+        if (type(x) is not torch.Tensor or x.device.type != "cuda" or not x.is_contiguous()
+                or x.data_ptr() & 15 or hooks_installed()):
+            return
+        product = linear_dispatch.bound_linear(x, *kernel_parts[:5], bias, x.dtype,
+                                               kernel_parts[5])
+        entry[1][(x.shape, x.dtype, bias is None)] = (
+            None if product is None else (product, x.get_device()))
 
     def _weight_view(self, dtype: torch.dtype, source: tuple):
         """(`_weight_mx(dtype)`, the arguments of kernels/linear/dispatch.py's linear when F.linear with
