@@ -146,7 +146,7 @@ def _gpu_time_us(fn, calls=50, rounds=9) -> float:
     return wall_us(fn, calls, rounds)
 
 
-def mlp_table(out) -> None:
+def mlp_table(out, row_counts=(1, 16)) -> None:
     import copy
     torch.manual_seed(0)
     reference = MLPStack()
@@ -163,7 +163,7 @@ def mlp_table(out) -> None:
     counters.clear()
     floors = {}
     with torch.no_grad():
-        for rows in (1, 16):
+        for rows in row_counts:
             x = torch.randn(1, rows, 4096, device="cuda", dtype=torch.bfloat16)
             times = {}
             floor = _floor_stack(models["bf16"], rows)
@@ -195,8 +195,8 @@ def mlp_table(out) -> None:
                   file=out)
     breaks = sum(counters["graph_break"].values())
     print(f"compiled: {breaks} graph breaks, {counters['stats'].get('unique_graphs', 0)} graphs "
-          f"for {2 * (1 + 2 * len(models))} compiled models (floor included; one graph each "
-          f"when nothing breaks or recompiles)", file=out)
+          f"for {len(row_counts) * (1 + 2 * len(models))} compiled models (floor included; one "
+          f"graph each when nothing breaks or recompiles)", file=out)
 
 
 def large_m_table(out) -> None:
@@ -219,6 +219,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="all")
     parser.add_argument("--mlp", action="store_true", help="the MLP decode table (CUDA)")
     parser.add_argument("--large-m", action="store_true", help="8192 rows (CUDA)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16],
+                        help="activation rows of the MLP decode table")
     parser.add_argument("--save", action="store_true", help="also write benchmarks/results/")
     options = parser.parse_args()
     out = io.StringIO()
@@ -241,7 +243,7 @@ def main() -> None:
     if options.device in ("cuda", "all") and torch.cuda.is_available():
         host_table(torch.device("cuda"), tee)
         if options.mlp:
-            mlp_table(tee)
+            mlp_table(tee, options.rows)
         if options.large_m:
             large_m_table(tee)
     if options.save:

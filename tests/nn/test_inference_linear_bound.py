@@ -10,6 +10,7 @@ import torch
 
 import torchmx
 from torchmx.config import MXConfig, QLinearConfig
+from torchmx.mx_ops import weight_matmul
 from torchmx.nn import inference_linear
 
 pytestmark = [pytest.mark.gpu,
@@ -36,7 +37,9 @@ def make_layer(fmt, bias, dtype=torch.bfloat16, seed=0):
 
 
 def operator(layer, x):
-    """What forward computes without the bound product: the mx_weight_linear operator."""
+    """What forward computes without a bound product: the mx_weight_linear operator, its
+    own bound products forgotten."""
+    weight_matmul._BOUND.clear()
     bias = None if layer.bias is None else layer.bias.detach()
     return torch.ops.torchmx.mx_weight_linear(
         x, layer.weight_scale, layer._weight_mx(x.dtype)._data,

@@ -206,8 +206,9 @@ def bound_product(main, reduce, out_shape: tuple, out_dtype: torch.dtype, device
     """`f(x, bias) -> out` for a product planned as one main launch and, where K is split, a
     reduce launch: `main` and `reduce` from `Launch.direct` (free slots: x, bias, out, partials;
     and partials, bias, out), `partials_shape` the fp32 split-K partials' (None without a
-    reduce). A fresh `out` of `out_shape` (contiguous: any shape of the planned output's
-    elements) stands in for an absent bias and for absent partials, as the plans' calls do."""
+    reduce). x and bias are tensors or their addresses (bias None when absent). A fresh `out`
+    of `out_shape` (contiguous: any shape of the planned output's elements) stands in for an
+    absent bias and for absent partials, as the plans' calls do."""
     empty, current_stream, index = torch.empty, torch._C._cuda_getCurrentRawStream, device.index
     if reduce is None:
         def product(x, bias):

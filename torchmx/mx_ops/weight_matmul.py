@@ -147,7 +147,7 @@ def bound_call(key: tuple, input, bias):
     if (not product or _current_device() != key[2] or not cuda_kernels_on()
             or hooks_installed()):
         return None
-    return product(input, bias)
+    return product(input.data_ptr(), None if bias is None else bias.data_ptr())
 
 
 @custom_op("torchmx::mx_weight_linear")

@@ -407,20 +407,25 @@ class MXInferenceLinear(nn.Module):
             return None
         bias = self._parameters["bias"]
         bound = entry[1].get((x.shape, x.dtype, bias is None))
-        if (bound is None or not x.is_contiguous() or x.data_ptr() & 15
-                or x.get_device() != bound[1] or _current_device() != bound[1]
-                or _dispatch_modes() or _functorch_transforms() or hooks_installed()
+        if bound is None:
+            return None
+        address = x.data_ptr()  # passed as such: the launcher need not ask the tensor
+        if (not x.is_contiguous() or address & 15 or x.get_device() != bound[1]
+                or _current_device() != bound[1] or _dispatch_modes()
+                or _functorch_transforms() or hooks_installed()
                 or not weight_matmul.cuda_kernels_on()):
             return None
-        if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()
-                                 or bias.data_ptr() & 15):
-            return None
+        bias_address = None
+        if bias is not None:
+            bias_address = bias.data_ptr()
+            if bias.dtype != x.dtype or not bias.is_contiguous() or bias_address & 15:
+                return None
         if torch.is_grad_enabled() and (x.requires_grad
                                         or (bias is not None and bias.requires_grad)):
             return None
         if entry[0] != self._weight_source():  # (prepack() drops the entry)
             return None
-        return bound[0](x, bias)
+        return bound[0](address, bias_address)
 
     def _bind(self, x, bias, source: tuple, kernel_parts: tuple) -> None:
         """After forward ran kernels/linear/dispatch.py's plan for x (the layer's own bias, no
