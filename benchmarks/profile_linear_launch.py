@@ -166,10 +166,75 @@ def mlp_table(models, out, compile_: bool, deadline: float) -> None:
             print(top(lambda: compiled(x), 28, calls=20), file=out)
 
 
+def kernel_table(fn) -> str:
+    """Each GPU kernel of one call of fn: count and mean duration (us)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.count, e.device_time_total / max(e.count, 1)) for e in prof.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CUDA]
+    return "\n".join(f"    {n:3d} x {t:7.1f} us  {k[:70]}" for k, n, t in rows)
+
+
+def _layer_line(layer, inp, _launch) -> str:
+    layer(inp)
+    product = inference_linear._BOUND[layer][1][(inp.shape, inp.dtype, True)][0]
+    plans = layer._weight_view(inp.dtype, layer._weight_source())[1][5]
+    plan = [p for k, p in plans.items() if k[0] == (1, inp.shape[-1])][0]
+    compiled = next(iter(plan.main._compiled.values()))
+    launcher = _launch._raw_launcher(compiled)[0]
+    return (f"layer(x) {host(lambda: layer(inp)):.1f} us host, "
+            f"{synced(lambda: layer(inp)):.1f} synced; bound product "
+            f"{host(lambda: product(inp, None)):.1f}; {type(plan).__name__}, "
+            f"launcher {type(launcher).__name__}, scratch "
+            f"{compiled.run.global_scratch_size} / {compiled.run.profile_scratch_size}")
+
+
+def bound_table(models, out) -> None:
+    """The eager forward with bound products: per layer kind, the host time of a call and of
+    its bound product, the launcher it calls, and the forward's kernels one by one."""
+    from torchmx.kernels import _launch
+    with torch.no_grad():
+        x = torch.randn(1, 1, 4096, device="cuda", dtype=torch.bfloat16)
+        bf16 = models["bf16"]
+        print(f"bf16 forward: synced {synced(lambda: bf16(x), 50, 7):.1f}, host "
+              f"{host(lambda: bf16(x), 50, 7):.1f}", file=out)
+        for name in ("MXFP4", "MXFP8"):
+            model = models[name]
+            model(x)
+            block = model.blocks[0]
+            h = F.silu(block["gate"](x)) * block["up"](x)
+            for part, inp in (("gate", x), ("down", h)):
+                print(attempt(f"{name} {part}:", lambda: _layer_line(block[part], inp, _launch)),
+                      file=out)
+            print(f"{name} forward: synced {synced(lambda: model(x), 50, 7):.1f}, host "
+                  f"{host(lambda: model(x), 50, 7):.1f}, "
+                  + attempt("GPU", lambda: kernel_us(lambda: model(x))), file=out)
+            print(kernel_table(lambda: model(x)), file=out)
+        # bench_overhead times each eager model after compiling it twice (default mode and
+        # reduce-overhead): the same eager forwards again after the same compiles
+        for name in ("bf16", "MXFP4", "MXFP8"):
+            model = models[name]
+            torch._dynamo.reset()
+            for mode in ("default", "reduce-overhead"):
+                compiled = torch.compile(model, mode=mode)
+                for _ in range(3):
+                    compiled(x)
+        for name in ("bf16", "MXFP4", "MXFP8"):
+            model = models[name]
+            print(f"{name} forward after compiles: synced {synced(lambda: model(x), 50, 7):.1f}, "
+                  f"host {host(lambda: model(x), 50, 7):.1f}, "
+                  + attempt("GPU", lambda: kernel_us(lambda: model(x))), file=out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--save", action="store_true")
+    parser.add_argument("--bound", action="store_true",
+                        help="only the eager forward with bound products, layer by layer")
     parser.add_argument("--compile-before", type=float, default=1e9,
                         help="skip --compile when this many seconds have passed")
     options = parser.parse_args()
@@ -195,9 +260,12 @@ def main() -> None:
         torchmx.quantize_linear_(model, QLinearConfig(MXConfig(fmt), None))
         models[name] = model
     layers = {name: m.blocks[0]["gate"] for name, m in models.items()}
-    with torch.no_grad():
-        linear_table(layers, tee)
-    mlp_table(models, tee, options.compile, started + options.compile_before)
+    if options.bound:
+        bound_table(models, tee)
+    else:
+        with torch.no_grad():
+            linear_table(layers, tee)
+        mlp_table(models, tee, options.compile, started + options.compile_before)
     if options.save:
         RESULTS.mkdir(exist_ok=True)
         slug = "".join(c if c.isalnum() else "-" for c in torch.cuda.get_device_name().lower())
