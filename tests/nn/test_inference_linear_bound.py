@@ -107,9 +107,10 @@ def test_bound_calls_follow_the_weight():
     assert bound(layer, rows16) is None
 
 
-def test_bound_calls_step_aside():
-    """Inputs the bound product does not take (unaligned, strided, asking a gradient) and a
-    bias that asks one run the full forward, with its bits and its autograd graph."""
+def test_bound_calls_step_aside_and_keep_gradients():
+    """Inputs the bound product does not take (unaligned, strided) run the full forward, with
+    its bits; where a gradient is asked (of the bias, of x) the product runs below the layer's
+    autograd.Function: the same bits, the straight-through gradients."""
     layer = make_layer("float4_e2m1", True)
     base = torch.randn(2 * K + 8, device="cuda", dtype=torch.bfloat16)
     aligned = base[:K].view(1, K)
@@ -123,7 +124,13 @@ def test_bound_calls_step_aside():
     y = layer(aligned)  # grad mode, the bias requires grad
     assert y.requires_grad and torch.equal(y.detach(), operator(layer, aligned))
     y.sum().backward()
-    assert layer.bias.grad is not None
+    assert torch.equal(layer.bias.grad, torch.ones_like(layer.bias))
+    x = aligned.clone().requires_grad_()
+    y = layer(x)
+    assert torch.equal(y.detach(), operator(layer, aligned))
+    y.float().sum().backward()
+    ones = torch.ones_like(y)
+    assert torch.equal(x.grad, (ones @ layer.weight.dequantize(ones.dtype)).to(x.dtype))
 
 
 def test_bound_calls_in_a_cuda_graph():

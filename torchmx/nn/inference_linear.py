@@ -51,9 +51,13 @@ class _PackedLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight_mx, bias, activations_config, prepacked):
+    def forward(ctx, x, weight_mx, bias, activations_config, prepacked, direct=None):
+        """`direct`: None, or a function (x, bias) -> the product `_packed_linear` computes,
+        by the layer's own plan or bound product (forward's eager calls)."""
         ctx.save_for_backward(weight_mx)
         ctx.dtypes = (x.dtype, None if bias is None else bias.dtype)
+        if direct is not None:
+            return direct(x, bias)
         return _packed_linear(x, weight_mx, bias, activations_config, prepacked)
 
     @staticmethod
@@ -65,7 +69,7 @@ class _PackedLinearFunction(torch.autograd.Function):
             grad_x = (grad_output @ weight_mx.dequantize(grad_output.dtype)).to(x_dtype)
         if bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_output.reshape(-1, grad_output.shape[-1]).sum(0).to(bias_dtype)
-        return grad_x, None, grad_b, None, None
+        return grad_x, None, grad_b, None, None, None
 
 
 def _packed_linear(x, weight_mx, bias, activations_config, prepacked):
@@ -371,9 +375,9 @@ class MXInferenceLinear(nn.Module):
             return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
                                                self.qconfig.activations_config, prepacked)
         weight, kernel_parts = self._weight_view(x.dtype, source)
+        usable = (kernel_parts is not None  # its [1]: the weight's codes
+                  and weight_matmul._kernels_usable(kernel_parts[1].device))
         if short_path(x, bias):
-            usable = (kernel_parts is not None  # its [1]: the weight's codes
-                      and weight_matmul._kernels_usable(kernel_parts[1].device))
             if self._prepacked_layout == "tma_stream" and prepacked is not None:
                 out = self._stream_call(x, bias)
                 if out is not None:
@@ -391,6 +395,17 @@ class MXInferenceLinear(nn.Module):
                     self._bind(x, bias, source, kernel_parts)
                 return out
             return _packed_linear(x, weight, bias, self.qconfig.activations_config, prepacked)
+        if (usable and prepacked is None and type(x) is torch.Tensor
+                and (bias is None or bias.shape[0] == self.out_features)):
+            # a gradient is asked: the same product through this weight's plans, below the
+            # autograd.Function (whose backward is the straight-through one)
+            scale, data, fmt, block_size, K, plans = kernel_parts
+            out = _PackedLinearFunction.apply(
+                x, weight, bias, None, None, lambda x, bias: linear_dispatch.linear(
+                    x, scale, data, fmt, block_size, K, bias, x.dtype, plans))
+            if bias is self._parameters["bias"]:
+                self._bind(x, bias, source, kernel_parts)
+            return out
         return _PackedLinearFunction.apply(x, weight, bias, self.qconfig.activations_config,
                                            prepacked)
 
@@ -399,9 +414,9 @@ class MXInferenceLinear(nn.Module):
         (`_bind`: the kernel launches of the linear's plan, its compiled kernels called
         directly), where forward would run that very plan: no prepacked copy, the weight
         buffers unchanged since, the bias absent or in x's dtype, contiguous and aligned, x
-        a plain contiguous 16-byte aligned tensor on the current CUDA device, no gradient asked
-        and nothing that traces, transforms or profiles the call. None elsewhere: the full
-        forward runs."""
+        a plain contiguous 16-byte aligned tensor on the current CUDA device, and nothing that
+        traces, transforms or profiles the call (where a gradient is asked, the product runs
+        below the layer's autograd.Function). None elsewhere: the full forward runs."""
         entry = _BOUND.get(self)
         if entry is None or type(x) is not torch.Tensor:
             return None
@@ -420,12 +435,15 @@ class MXInferenceLinear(nn.Module):
             bias_address = bias.data_ptr()
             if bias.dtype != x.dtype or not bias.is_contiguous() or bias_address & 15:
                 return None
-        if torch.is_grad_enabled() and (x.requires_grad
-                                        or (bias is not None and bias.requires_grad)):
-            return None
         if entry[0] != self._weight_source():  # (prepack() drops the entry)
             return None
-        return bound[0](address, bias_address)
+        product = bound[0]
+        if torch.is_grad_enabled() and (x.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            weight = self._weight_view(x.dtype, entry[0])[0]  # what backward multiplies by
+            return _PackedLinearFunction.apply(x, weight, bias, None, None,
+                                               lambda x, bias: product(address, bias_address))
+        return product(address, bias_address)
 
     def _bind(self, x, bias, source: tuple, kernel_parts: tuple) -> None:
         """After forward ran kernels/linear/dispatch.py's plan for x (the layer's own bias, no
