@@ -165,8 +165,10 @@ class Launch:
         `f(stream, *values)` that launches it with the arguments of the first call, except
         `fixed` ({slot: tensor}: passed as its address, e.g. a weight's) and the slots `free`,
         which take `values` in that order (tensors or addresses, specialized as the first
-        call's were). The caller keeps the fixed tensors alive. None under the interpreter,
-        while a launch hook is installed, or before a first call on this device."""
+        call's were). The function holds the fixed tensors' addresses only: its caller makes
+        sure they stay what it means (a layer keeps its weight buffers; mx_weight_linear's memo
+        is keyed by the addresses). None under the interpreter, while a launch hook is
+        installed, or before a first call on this device."""
         if self._values is None or hooks_installed():
             return None
         compiled = self._compiled.get(torch.cuda.current_device())
