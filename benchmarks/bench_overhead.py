@@ -19,7 +19,11 @@
    (no work, no launch), so what is left is the host time of the SiLU gate, the product, the
    residual add and the module calls. bf16 eager over that floor bounds the eager speedup any
    linear could give; the compiled counterpart is printed beside it. Graph breaks and
-   recompilations of the compiled models are counted.
+   recompilations of the compiled models are counted. Every eager time of a row count is taken
+   before any model of it is compiled, and again after all compiles (the last column): eager
+   MXFP4 timed right after compiling it was 1.5-1.7x slower than MXFP8 in two H200 runs, and as
+   fast when timed before any compile in another (a compile may leave work behind in the
+   process, such as inductor's compile workers starting); the two columns tell.
 3. --large-m (CUDA): F.linear of 8192 rows with an MXFP4 weight [8192, 8192], eager, against
    eager cuBLAS bf16 on the dequantized weight (the results must be equal bit for bit).
 """
@@ -146,7 +150,7 @@ def _gpu_time_us(fn, calls=50, rounds=9) -> float:
     return wall_us(fn, calls, rounds)
 
 
-def mlp_table(out) -> None:
+def mlp_table(out, row_counts=(1, 16)) -> None:
     import copy
     torch.manual_seed(0)
     reference = MLPStack()
@@ -158,45 +162,49 @@ def mlp_table(out) -> None:
     print("\n4 Llama MLP blocks (H 4096, I 14336), decode, wall time per forward (us), "
           "torch.no_grad()", file=out)
     print(f"{'rows':>4} {'weights':<7}{'eager':>10}{'compile':>10}{'graphs':>10}"
-          f"{'  vs bf16: eager / compile / graphs'}", file=out)
+          f"{'  vs bf16: eager / compile / graphs'}{'   eager after the compiles':>28}",
+          file=out)
     counters = torch._dynamo.utils.counters
     counters.clear()
-    floors = {}
     with torch.no_grad():
-        for rows in (1, 16):
+        for rows in row_counts:
             x = torch.randn(1, rows, 4096, device="cuda", dtype=torch.bfloat16)
-            times = {}
             floor = _floor_stack(models["bf16"], rows)
-            torch._dynamo.reset()
-            floor_compiled = torch.compile(floor)
-            floor_compiled(x)
-            floors[rows] = (_gpu_time_us(lambda: floor(x)), _gpu_time_us(lambda: floor_compiled(x)))
-            for name, model in models.items():
+            stacks = dict(models, floor=floor)
+            # every eager time before any compile of this row count (see the docstring)
+            eager = {name: _gpu_time_us(lambda: stack(x)) for name, stack in stacks.items()}
+            times = {}
+            for name, stack in stacks.items():
                 torch._dynamo.reset()
-                compiled = torch.compile(model)
-                graphs = torch.compile(model, mode="reduce-overhead")
-                eager_out = model(x)
-                for mode, fn in (("compile", compiled), ("graphs", graphs)):
-                    y = fn(x).clone()
-                    if not torch.equal(y, eager_out):
-                        diff = (y.float() - eager_out.float()).abs().max().item()
-                        print(f"not bit-identical: {name}, {rows} rows, {mode} vs eager (max "
-                              f"|diff| {diff:.3g})", file=out)
-                times[name] = [_gpu_time_us(lambda: model(x)), _gpu_time_us(lambda: compiled(x)),
-                               _gpu_time_us(lambda: graphs(x))]
-            for name, (e, c, g) in times.items():
-                b = times["bf16"]
-                print(f"{rows:>4} {name:<7}{e:10.1f}{c:10.1f}{g:10.1f}   "
-                      f"{b[0] / e:5.2f}x / {b[1] / c:5.2f}x / {b[2] / g:5.2f}x", file=out)
-            e, c = floors[rows]
+                compiled = torch.compile(stack)
+                compiled(x)
+                graphs = None
+                if name != "floor":  # (the floor: no graphs, no outputs to compare)
+                    graphs = torch.compile(stack, mode="reduce-overhead")
+                    eager_out = stack(x)
+                    for mode, fn in (("compile", compiled), ("graphs", graphs)):
+                        y = fn(x).clone()
+                        if not torch.equal(y, eager_out):
+                            diff = (y.float() - eager_out.float()).abs().max().item()
+                            print(f"not bit-identical: {name}, {rows} rows, {mode} vs eager "
+                                  f"(max |diff| {diff:.3g})", file=out)
+                times[name] = [eager[name], _gpu_time_us(lambda: compiled(x)),
+                               None if graphs is None else _gpu_time_us(lambda: graphs(x))]
+            after = {name: _gpu_time_us(lambda: stack(x)) for name, stack in stacks.items()}
             b = times["bf16"]
-            print(f"{rows:>4} {'floor':<7}{e:10.1f}{c:10.1f}{'':>10}   {b[0] / e:5.2f}x / "
-                  f"{b[1] / c:5.2f}x  (linears that cost nothing: the most any could give)",
-                  file=out)
+            for name, (e, c, g) in times.items():
+                if name == "floor":
+                    print(f"{rows:>4} {'floor':<7}{e:10.1f}{c:10.1f}{'':>10}   {b[0] / e:5.2f}x / "
+                          f"{b[1] / c:5.2f}x  (linears that cost nothing: the most any could "
+                          f"give){after[name]:10.1f}", file=out)
+                    continue
+                print(f"{rows:>4} {name:<7}{e:10.1f}{c:10.1f}{g:10.1f}   "
+                      f"{b[0] / e:5.2f}x / {b[1] / c:5.2f}x / {b[2] / g:5.2f}x"
+                      f"{after[name]:28.1f}", file=out)
     breaks = sum(counters["graph_break"].values())
     print(f"compiled: {breaks} graph breaks, {counters['stats'].get('unique_graphs', 0)} graphs "
-          f"for {2 * (1 + 2 * len(models))} compiled models (floor included; one graph each "
-          f"when nothing breaks or recompiles)", file=out)
+          f"for {len(row_counts) * (1 + 2 * len(models))} compiled models (floor included; one "
+          f"graph each when nothing breaks or recompiles)", file=out)
 
 
 def large_m_table(out) -> None:
@@ -219,6 +227,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="all")
     parser.add_argument("--mlp", action="store_true", help="the MLP decode table (CUDA)")
     parser.add_argument("--large-m", action="store_true", help="8192 rows (CUDA)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16],
+                        help="activation rows of the MLP decode table")
     parser.add_argument("--save", action="store_true", help="also write benchmarks/results/")
     options = parser.parse_args()
     out = io.StringIO()
@@ -241,7 +251,7 @@ def main() -> None:
     if options.device in ("cuda", "all") and torch.cuda.is_available():
         host_table(torch.device("cuda"), tee)
         if options.mlp:
-            mlp_table(tee)
+            mlp_table(tee, options.rows)
         if options.large_m:
             large_m_table(tee)
     if options.save:

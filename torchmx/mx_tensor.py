@@ -24,6 +24,10 @@ from .mx_ops.strict import MXLayoutWarning, reset_layout_warning, set_strict_mat
 from .numerics import arguments as args
 from .numerics.packing import packed_length
 
+# Inside it, the wrapper's own metadata (dim, shape, requires_grad) is read directly: through
+# MXTensor.__torch_function__ each read costs about as much as a small op's launch.
+_no_subclass_functions = torch._C.DisableTorchFunctionSubclass
+
 __all__ = [
     "MXTensor",
     "ToMXConstrFunc",
@@ -363,18 +367,24 @@ def dequantize(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
     The result is dense, its dims in the storage's memory order (a transposed MXTensor
     dequantizes to a transposed tensor), so no packed data is reordered.
     """
+    return _dequantize(tensor, dtype, _ops.dequantize_mx.eager())
+
+
+def _dequantize(tensor: MXTensor, dtype: torch.dtype, dequantize_mx) -> torch.Tensor:
+    """`dequantize` through `dequantize_mx`: the operator, or its body on the short path."""
     data, scale, axis = tensor._data, tensor._scale_e8m0, tensor._block_dim
+    with _no_subclass_functions():  # the wrapper's own metadata, without __torch_function__
+        zero_dim, n = tensor.dim() == 0, tensor._block_dim_size
     order = None if data.is_contiguous() else layout.storage_order(data)
     if order == sorted(order or ()):
         order = None  # dims already in memory order
     if order is not None:
         data, scale, axis = data.permute(order), scale.permute(order), order.index(axis)
-    dequantize_mx = _ops.dequantize_mx.eager()
     out = dequantize_mx(data, scale, tensor._elem_dtype.name, tensor._block_size, dtype, axis,
-                        block_dim_size=tensor._block_dim_size)
+                        block_dim_size=n)
     if order is not None:
         out = out.permute([order.index(d) for d in range(len(order))])
-    return out.reshape(()) if tensor.dim() == 0 else out
+    return out.reshape(()) if zero_dim else out
 
 
 # The autograd functions and the op table import this module: import them last.
@@ -395,8 +405,12 @@ def _from_mx_function(tensor, dtype):
 
 
 def _from_mx(tensor, dtype):
-    if short_path(tensor):
-        return dequantize(tensor, _autograd.check_dequantize_dtype(dtype))
+    short = False
+    if not torch.compiler.is_compiling():  # (what follows is for eager calls only)
+        with _no_subclass_functions():  # tensor.requires_grad: not through __torch_function__
+            short = short_path(tensor)
+    if short:
+        return _dequantize(tensor, _autograd.check_dequantize_dtype(dtype), _ops.dequantize_mx.fn)
     return _from_mx_function(tensor, dtype)
 
 

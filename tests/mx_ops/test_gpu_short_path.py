@@ -216,3 +216,33 @@ def test_row_and_column_quantize_launches(fmt, dtype):
             ref_scale, ref_data = torch.ops.torchmx.quantize_mx(x, fmt, 32, block_dim=axis)
             assert torch.equal(scale, ref_scale)
             assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e4m3", "int8"])
+def test_bound_operator_calls_follow_the_weight_memory(fmt):
+    """mx_weight_linear and F.linear's short path bind a product to the weight's addresses
+    (weight_matmul._BOUND): calls after the first go through it with the operator's bits; a
+    new weight at the same addresses (the old one freed) gives its own product, and so does
+    the compiled operator."""
+    from torchmx.mx_ops import weight_matmul
+    torch.manual_seed(5)
+    x = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
+    for step in range(3):
+        w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+        w_mx = MXTensor.to_mx(w, fmt)
+        expected = (x.float() @ w_mx.dequantize(torch.float32).t()).to(torch.bfloat16)
+        with torch.no_grad():
+            first = F.linear(x, w_mx)
+            with no_host_sync():
+                again = [F.linear(x, w_mx) for _ in range(2)]
+                op = torch.ops.torchmx.mx_weight_linear(x, w_mx._scale_e8m0, w_mx._data, fmt, 32,
+                                                        512, None, torch.bfloat16)
+        assert torch.allclose(first.float(), expected.float(), rtol=2**-7, atol=1e-2), step
+        assert all(torch.equal(a, first) for a in again + [op]), step
+        assert any(weight_matmul._BOUND.values())
+        del w, w_mx  # the next weight may take the same memory
+    compiled = torch.compile(lambda a, b: F.linear(a, b))
+    w_mx = MXTensor.to_mx(torch.randn(256, 512, device="cuda", dtype=torch.bfloat16), fmt)
+    with torch.no_grad():
+        eager = F.linear(x, w_mx)
+        assert all(torch.equal(compiled(x, w_mx), eager) for _ in range(3))

@@ -209,3 +209,37 @@ def test_extra_state_errors_name_the_layer():
     state["_extra_state"] = {"version": 1, "qconfig": {"activations_config": None}}
     with pytest.raises(ValueError, match=r"MXInferenceLinear\(in_features=96.*weights_config"):
         layer.load_state_dict(state)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["float4_e2m1", "float8_e4m3"])
+def test_gradient_calls_run_the_layers_plan_below_autograd(fmt, monkeypatch):
+    """With a gradient asked, forward runs the layer's own linear plan (later: the product
+    bound to its weight, on a GPU) below its autograd.Function: the exact product's bits, the
+    straight-through gradients. Integer operands: every summation order gives the same bits."""
+    from matmul_operands import DEVICE, integer_operands, reference
+    from torchmx.kernels.linear import dispatch
+    from torchmx.mx_ops import weight_matmul
+    monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
+    plans_run = []
+    real = dispatch.linear
+    monkeypatch.setattr(dispatch, "linear", lambda *a: plans_run.append(a[-1]) or real(*a))
+    x, w = integer_operands(fmt, 3, 64, 64)
+    layer = MXInferenceLinear.from_float(nn.Linear(64, 64, dtype=torch.bfloat16), QLinearConfig(
+        MXConfig(fmt))).to(DEVICE)
+    layer.weight_scale.copy_(w._scale_e8m0)
+    layer.weight_data.copy_(w._data)
+    with torch.no_grad():
+        layer.bias.copy_(torch.arange(64) / 4)
+    for step in range(2):
+        layer.bias.grad = None
+        xg = x.clone().requires_grad_()
+        y = layer(xg)
+        assert_bits(y.detach(), reference(x, w, layer.bias.detach()))
+        y.float().sum().backward()
+        ones = torch.ones_like(y)
+        assert_bits(xg.grad, (ones @ w.dequantize(ones.dtype)).to(x.dtype))
+        assert_bits(layer.bias.grad, ones.sum(0))
+    # the layer's own plans (a dict) on the first call; on a GPU the second is its bound product
+    assert plans_run and isinstance(plans_run[0], dict) and len(plans_run) == (
+        1 if DEVICE == "cuda" else 2)

@@ -14,6 +14,13 @@ tensors into the argument list and calls the compiled kernel, with no key to bui
 caller promises that the new tensors specialize as the first call's did (same dtypes, 16-byte
 alignment where the first call's were aligned).
 
+`Launch.direct` is the last step, for a caller that keeps some arguments for many calls (a
+layer's weight): a function that takes the other tensors (or their addresses) and calls the
+kernel's launcher itself. On Triton 3.6 that is the compiled C launcher (`_raw_launcher`),
+without the Python wrapper that would only allocate scratch memory these kernels do not use.
+Measured on an H200 host (benchmarks/profile_linear_launch.py): `kernel[grid](...)` 33-48 us,
+`Launch` 13-19 us, the compiled kernel's `run` with tensors 10-14 us, with addresses 8-10 us.
+
 Off CUDA (Triton's interpreter) and while a launch hook is installed (Triton's profilers),
 every call takes `kernel[grid]` itself.
 """
@@ -22,7 +29,7 @@ import inspect
 
 import torch
 
-__all__ = ["launch", "Launch", "planned", "PLAN_LIMIT"]
+__all__ = ["launch", "Launch", "planned", "PLAN_LIMIT", "hooks_installed", "bound_product"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
 _SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
@@ -72,13 +79,15 @@ def _key(values, constexpr) -> tuple:
 _RUNTIME = []  # [triton.knobs.runtime], looked up on the first launch
 
 
-def _hooks_installed() -> bool:
+def hooks_installed() -> bool:
+    """Whether a Triton launch hook (a profiler) is installed: launches must then go through
+    Triton, which calls it."""
     if not _RUNTIME:
         from triton import knobs  # Triton is imported by then: the kernel is a Triton kernel
         _RUNTIME.append(knobs.runtime)
     runtime = _RUNTIME[0]
-    return any(getattr(hook, "calls", hook) for hook in (runtime.launch_enter_hook,
-                                                         runtime.launch_exit_hook))
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
 
 
 def _values(kernel, args, kwargs) -> list:
@@ -93,7 +102,7 @@ def _values(kernel, args, kwargs) -> list:
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs), through the compiled kernel where it is known; returns
     the compiled kernel (None under the interpreter or a launch hook)."""
-    if not hasattr(kernel, "device_caches") or _hooks_installed():  # interpreter, profilers
+    if not hasattr(kernel, "device_caches") or hooks_installed():  # interpreter, profilers
         kernel[grid](*args, **kwargs)
         return None
     _, known, _, constexpr = _signature(kernel)
@@ -133,15 +142,15 @@ class Launch:
         if self._values is not None:
             device = torch.cuda.current_device()
             compiled = self._compiled.get(device)
-        if compiled is None or _hooks_installed():
+        if compiled is None or hooks_installed():
             args = self.args.copy()
             for slot, tensor in zip(self.slots, tensors):
                 args[slot] = tensor
-            if self.keyed or self._values is None or _hooks_installed():
+            if self.keyed or self._values is None or hooks_installed():
                 compiled = launch(self.kernel, self.grid, *args, **self.kwargs)
             else:
                 compiled = self.kernel[self.grid](*args, **self.kwargs)
-            if compiled is not None and self._values is not None and not _hooks_installed():
+            if compiled is not None and self._values is not None and not hooks_installed():
                 self._compiled[device] = compiled
             return
         values = self._values.copy()
@@ -150,3 +159,74 @@ class Launch:
         grid = self.grid
         compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device),
                      compiled.function, compiled.packed_metadata, None, None, None, *values)
+
+    def direct(self, fixed: dict, free: tuple):
+        """For the current CUDA device, once a call compiled the kernel there: a function
+        `f(stream, *values)` that launches it with the arguments of the first call, except
+        `fixed` ({slot: tensor}: passed as its address, e.g. a weight's) and the slots `free`,
+        which take `values` in that order (tensors or addresses, specialized as the first
+        call's were). The function holds the fixed tensors' addresses only: its caller makes
+        sure they stay what it means (a layer keeps its weight buffers; mx_weight_linear's memo
+        is keyed by the addresses). None under the interpreter, while a launch hook is
+        installed, or before a first call on this device."""
+        if self._values is None or hooks_installed():
+            return None
+        compiled = self._compiled.get(torch.cuda.current_device())
+        if compiled is None:
+            return None
+        values = self._values.copy()
+        for slot, tensor in fixed.items():
+            values[slot] = tensor.data_ptr()
+        launcher, middle = _raw_launcher(compiled)
+        grid_x, grid_y, grid_z = self.grid
+
+        def launch_direct(stream, *tensors):
+            args = values.copy()
+            for slot, tensor in zip(free, tensors):
+                args[slot] = tensor
+            launcher(grid_x, grid_y, grid_z, stream, *middle, *args)
+        return launch_direct
+
+
+def _raw_launcher(compiled):
+    """(launcher, the arguments between the stream and the kernel's own): Triton 3.6's compiled
+    C launcher where the kernel needs no scratch memory (what its Python wrapper would
+    allocate) and has no tensor descriptors (which its wrapper would expand), else the
+    compiled kernel's `run`, as `launch` calls it."""
+    import triton
+    run = compiled.run
+    raw = getattr(run, "launch", None)
+    if (triton.__version__.startswith("3.6.") and type(raw).__name__ == "builtin_function_or_method"
+            and run.global_scratch_size == 0 and run.profile_scratch_size == 0):
+        return raw, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                     compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
+
+
+def bound_product(main, reduce, out_shape: tuple, out_dtype: torch.dtype, device: torch.device,
+                  partials_shape):
+    """`f(x, bias) -> out` for a product planned as one main launch and, where K is split, a
+    reduce launch: `main` and `reduce` from `Launch.direct` (free slots: x, bias, out, partials;
+    and partials, bias, out), `partials_shape` the fp32 split-K partials' (None without a
+    reduce). x and bias are tensors or their addresses (bias None when absent). A fresh `out`
+    of `out_shape` (contiguous: any shape of the planned output's elements) stands in for an
+    absent bias and for absent partials, as the plans' calls do."""
+    empty, current_stream, index = torch.empty, torch._C._cuda_getCurrentRawStream, device.index
+    if reduce is None:
+        def product(x, bias):
+            out = empty(out_shape, dtype=out_dtype, device=device)
+            address = out.data_ptr()
+            main(current_stream(index), x, address if bias is None else bias, address, address)
+            return out
+        return product
+
+    def split_product(x, bias):
+        out = empty(out_shape, dtype=out_dtype, device=device)
+        partials = empty(partials_shape, dtype=torch.float32, device=device)
+        address, partial_address = out.data_ptr(), partials.data_ptr()
+        bias = address if bias is None else bias
+        stream = current_stream(index)
+        main(stream, x, bias, address, partial_address)
+        reduce(stream, partial_address, bias, address)
+        return out
+    return split_product

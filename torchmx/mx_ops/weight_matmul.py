@@ -24,17 +24,28 @@ from torch import Tensor
 from .._eager import short_path
 from .._library import custom_op
 from .. import dtypes
+from ..kernels._launch import hooks_installed, planned
 from ..kernels.linear import dispatch as kernels
 from ..kernels.quantize import backends
 from ..mx_tensor import MXTensor, dequantize
 from ..numerics import arguments as args
 from ..numerics.packing import packed_length
 
-__all__ = ["mx_weight_linear", "mx_mx_linear", "route", "route_linear", "KERNEL_DEVICES"]
+__all__ = ["mx_weight_linear", "mx_mx_linear", "route", "route_linear", "KERNEL_DEVICES",
+           "kernel_linear", "bound_call", "cuda_kernels_on"]
 
 # Devices whose MX-weight matmuls run the kernels. Tests add "cpu" to run them under Triton's
 # interpreter.
 KERNEL_DEVICES = {"cuda"}
+
+
+_current_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
+
+
+def cuda_kernels_on() -> bool:
+    """Whether the CUDA kernels are switched on (KERNEL_DEVICES, TORCHMX_BACKEND): the cheap
+    part of `_kernels_usable`, for calls that already ran them."""
+    return "cuda" in KERNEL_DEVICES and not backends.FORCE_REFERENCE
 
 
 def _kernels_usable(device: torch.device) -> bool:
@@ -97,17 +108,64 @@ def _check_parts_once(input, weight_scale, weight_data, elem_dtype_name, block_s
     return fmt
 
 
+# What a call of mx_weight_linear depends on, the weight's addresses included (`_call_key`) ->
+# the product kernels/linear/dispatch.py bound for it (`bound_linear`), or False where none
+_BOUND = {}
+
+
+def _call_key(input, weight_scale, weight_data, elem_dtype_name, block_size, in_features, bias,
+              out_dtype) -> tuple:
+    """Everything `_check_parts` and dispatch.linear's plan look at, with the addresses of the
+    weight: one key tells a call that a bound product computes (the weight's memory read
+    where it lies; no tensor is kept)."""
+    return (input.shape, input.dtype, input.get_device(), input.is_contiguous(),
+            input.data_ptr() & 15, weight_data.data_ptr(), weight_data.shape,
+            weight_data.stride(), weight_data.dtype, weight_scale.data_ptr(), weight_scale.shape,
+            weight_scale.stride(), weight_scale.dtype, elem_dtype_name, type(block_size),
+            block_size, type(in_features), in_features,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15),
+            out_dtype)
+
+
+def kernel_linear(input, weight_scale, weight_data, fmt: dtypes.DType, block_size: int,
+                  in_features: int, bias, out_dtype: torch.dtype, key: tuple) -> Tensor:
+    """dispatch.linear on checked parts (the CUDA kernels usable), whose product is then bound
+    for later calls of the same `key` (`_call_key`) where it can be."""
+    out = kernels.linear(input, weight_scale, weight_data, fmt, block_size, in_features, bias,
+                         out_dtype)
+    if key not in _BOUND and input.is_cuda and not hooks_installed():
+        planned(_BOUND, key, lambda: kernels.bound_linear(
+            input, weight_scale, weight_data, fmt, block_size, in_features, bias,
+            out_dtype) or False)
+    return out
+
+
+def bound_call(key: tuple, input, bias):
+    """The call's output through its bound product (`kernel_linear`), or None where there is
+    none (or a Triton launch hook wants the launches)."""
+    product = _BOUND.get(key)
+    if (not product or _current_device() != key[2] or not cuda_kernels_on()
+            or hooks_installed()):
+        return None
+    return product(input.data_ptr(), None if bias is None else bias.data_ptr())
+
+
 @custom_op("torchmx::mx_weight_linear")
 def mx_weight_linear(input: Tensor, weight_scale: Tensor, weight_data: Tensor,
                      elem_dtype_name: str, block_size: int, in_features: int,
                      bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
     """F.linear(input, W, bias) rounded once to out_dtype, W [N, K] the MX matrix with blocks
     along K given by its scale bytes and codes (see the module docstring)."""
+    key = _call_key(input, weight_scale, weight_data, elem_dtype_name, block_size, in_features,
+                    bias, out_dtype)
+    out = bound_call(key, input, bias)
+    if out is not None:
+        return out
     fmt = _check_parts(input, weight_scale, weight_data, elem_dtype_name, block_size,
                        in_features, bias, out_dtype)
     if _kernels_usable(input.device):
-        return kernels.linear(input, weight_scale, weight_data, fmt, block_size, in_features,
-                              bias, out_dtype)
+        return kernel_linear(input, weight_scale, weight_data, fmt, block_size, in_features,
+                             bias, out_dtype, key)
     weight = torch.ops.torchmx.dequantize_mx(weight_data, weight_scale, elem_dtype_name,
                                              block_size, torch.float32, 1,
                                              block_dim_size=in_features)
@@ -212,6 +270,10 @@ def _route(a, w, k_dim: int, bias, out_dtype: torch.dtype) -> Optional[Tensor]:
     if short_path():  # the operator's body, its parts known consistent (one MXTensor's)
         if a.shape[-1] != K or (bias is not None and bias.shape[0] != scale.shape[0]):
             return None  # the exact path reports the mismatch as torch would
-        return kernels.linear(a, scale, data, w.elem_dtype, w.block_size, K, bias, out_dtype)
+        key = _call_key(a, scale, data, w.elem_dtype.name, w.block_size, K, bias, out_dtype)
+        out = bound_call(key, a, bias)
+        if out is not None:
+            return out
+        return kernel_linear(a, scale, data, w.elem_dtype, w.block_size, K, bias, out_dtype, key)
     return torch.ops.torchmx.mx_weight_linear(a, scale, data, w.elem_dtype.name, w.block_size,
                                               K, bias, out_dtype)

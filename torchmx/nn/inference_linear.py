@@ -17,6 +17,7 @@ from torch import nn
 
 from .. import dtypes
 from .._eager import short_path
+from ..kernels._launch import hooks_installed
 from ..config import QLinearConfig
 from ..kernels.layouts import fp4_wgmma_layout, mma_layout, tma_stream_layout
 from ..kernels.linear import dispatch as linear_dispatch
@@ -50,9 +51,13 @@ class _PackedLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight_mx, bias, activations_config, prepacked):
+    def forward(ctx, x, weight_mx, bias, activations_config, prepacked, direct=None):
+        """`direct`: None, or a function (x, bias) -> the product `_packed_linear` computes,
+        by the layer's own plan or bound product (forward's eager calls)."""
         ctx.save_for_backward(weight_mx)
         ctx.dtypes = (x.dtype, None if bias is None else bias.dtype)
+        if direct is not None:
+            return direct(x, bias)
         return _packed_linear(x, weight_mx, bias, activations_config, prepacked)
 
     @staticmethod
@@ -64,7 +69,7 @@ class _PackedLinearFunction(torch.autograd.Function):
             grad_x = (grad_output @ weight_mx.dequantize(grad_output.dtype)).to(x_dtype)
         if bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_output.reshape(-1, grad_output.shape[-1]).sum(0).to(bias_dtype)
-        return grad_x, None, grad_b, None, None
+        return grad_x, None, grad_b, None, None, None
 
 
 def _packed_linear(x, weight_mx, bias, activations_config, prepacked):
@@ -125,6 +130,14 @@ def _prepack_layout(qconfig: QLinearConfig, out_features: int, in_features: int,
 _WEIGHT_VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # layer -> (its stream copy's source, {kind of input: StreamPlan or None}): outside the layer too
 _STREAM_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# layer -> (its weight's source, {(input shape, input dtype, bias or none): (the product bound
+# to the weight, CUDA device index) or None}): the eager calls of a layer without a prepacked
+# copy (`_bound_call`)
+_BOUND: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_transforms = torch._C._are_functorch_transforms_active
+_current_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
 
 
 class MXInferenceLinear(nn.Module):
@@ -319,6 +332,7 @@ class MXInferenceLinear(nn.Module):
             self.out_features // layout.CHUNK, dtype=torch.int32, device=codes.device)
         self._prepacked_layout = _LAYOUT_NAMES[layout]
         self._prepacked_source = self._weight_source()
+        _BOUND.pop(self, None)  # forward now takes the prepacked copy's kernels
         return self
 
     def _weight_source(self) -> tuple:
@@ -339,6 +353,10 @@ class MXInferenceLinear(nn.Module):
         """y = F.linear(x quantized per activations_config, weight, bias) in x's dtype: the
         packed weight is viewed in x's dtype and the bias cast to it (any of fp32, bf16, fp16
         input works whatever the layer's weight_dtype)."""
+        if not _is_compiling():
+            out = self._bound_call(x)
+            if out is not None:
+                return out
         arguments.check_linear_input(self._describe, x, self.in_features)
         bias = self.bias
         if bias is not None and bias.dtype != x.dtype:
@@ -357,9 +375,9 @@ class MXInferenceLinear(nn.Module):
             return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
                                                self.qconfig.activations_config, prepacked)
         weight, kernel_parts = self._weight_view(x.dtype, source)
+        usable = (kernel_parts is not None  # its [1]: the weight's codes
+                  and weight_matmul._kernels_usable(kernel_parts[1].device))
         if short_path(x, bias):
-            usable = (kernel_parts is not None  # its [1]: the weight's codes
-                      and weight_matmul._kernels_usable(kernel_parts[1].device))
             if self._prepacked_layout == "tma_stream" and prepacked is not None:
                 out = self._stream_call(x, bias)
                 if out is not None:
@@ -371,11 +389,76 @@ class MXInferenceLinear(nn.Module):
                 # what F.linear(x, weight, bias) reaches below MXTensor's dispatch, its parts
                 # (one MXTensor's) and route decided when the view was made
                 scale, data, fmt, block_size, K, plans = kernel_parts
-                return linear_dispatch.linear(x, scale, data, fmt, block_size, K, bias, x.dtype,
-                                             plans)
+                out = linear_dispatch.linear(x, scale, data, fmt, block_size, K, bias, x.dtype,
+                                            plans)
+                if prepacked is None and bias is self._parameters["bias"]:
+                    self._bind(x, bias, source, kernel_parts)
+                return out
             return _packed_linear(x, weight, bias, self.qconfig.activations_config, prepacked)
+        if (usable and prepacked is None and type(x) is torch.Tensor
+                and (bias is None or bias.shape[0] == self.out_features)):
+            # a gradient is asked: the same product through this weight's plans, below the
+            # autograd.Function (whose backward is the straight-through one)
+            scale, data, fmt, block_size, K, plans = kernel_parts
+            out = _PackedLinearFunction.apply(
+                x, weight, bias, None, None, lambda x, bias: linear_dispatch.linear(
+                    x, scale, data, fmt, block_size, K, bias, x.dtype, plans))
+            if bias is self._parameters["bias"]:
+                self._bind(x, bias, source, kernel_parts)
+            return out
         return _PackedLinearFunction.apply(x, weight, bias, self.qconfig.activations_config,
                                            prepacked)
+
+    def _bound_call(self, x):
+        """forward(x) through the product bound to this layer's weight for inputs like x
+        (`_bind`: the kernel launches of the linear's plan, its compiled kernels called
+        directly), where forward would run that very plan: no prepacked copy, the weight
+        buffers unchanged since, the bias absent or in x's dtype, contiguous and aligned, x
+        a plain contiguous 16-byte aligned tensor on the current CUDA device, and nothing that
+        traces, transforms or profiles the call (where a gradient is asked, the product runs
+        below the layer's autograd.Function). None elsewhere: the full forward runs."""
+        entry = _BOUND.get(self)
+        if entry is None or type(x) is not torch.Tensor:
+            return None
+        bias = self._parameters["bias"]
+        bound = entry[1].get((x.shape, x.dtype, bias is None))
+        if bound is None:
+            return None
+        address = x.data_ptr()  # passed as such: the launcher need not ask the tensor
+        if (not x.is_contiguous() or address & 15 or x.get_device() != bound[1]
+                or _current_device() != bound[1] or _dispatch_modes()
+                or _functorch_transforms() or hooks_installed()
+                or not weight_matmul.cuda_kernels_on()):
+            return None
+        bias_address = None
+        if bias is not None:
+            bias_address = bias.data_ptr()
+            if bias.dtype != x.dtype or not bias.is_contiguous() or bias_address & 15:
+                return None
+        if entry[0] != self._weight_source():  # (prepack() drops the entry)
+            return None
+        product = bound[0]
+        if torch.is_grad_enabled() and (x.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            weight = self._weight_view(x.dtype, entry[0])[0]  # what backward multiplies by
+            return _PackedLinearFunction.apply(x, weight, bias, None, None,
+                                               lambda x, bias: product(address, bias_address))
+        return product(address, bias_address)
+
+    def _bind(self, x, bias, source: tuple, kernel_parts: tuple) -> None:
+        """After forward ran kernels/linear/dispatch.py's plan for x (the layer's own bias, no
+        prepacked copy): keep the product bound to the weight for inputs like x
+        (`dispatch.bound_linear`, None where the plan has none), which `_bound_call` takes."""
+        entry = _BOUND.get(self)
+        if entry is None or entry[0] != source:
+            entry = _BOUND[self] = (source, {})
+        if (type(x) is not torch.Tensor or x.device.type != "cuda" or not x.is_contiguous()
+                or x.data_ptr() & 15 or hooks_installed()):
+            return
+        product = linear_dispatch.bound_linear(x, *kernel_parts[:5], bias, x.dtype,
+                                               kernel_parts[5])
+        entry[1][(x.shape, x.dtype, bias is None)] = (
+            None if product is None else (product, x.get_device()))
 
     def _weight_view(self, dtype: torch.dtype, source: tuple):
         """(`_weight_mx(dtype)`, the arguments of kernels/linear/dispatch.py's linear when F.linear with

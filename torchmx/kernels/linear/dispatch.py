@@ -44,10 +44,10 @@ import torch
 
 from ... import dtypes
 from .._common import block_m_for, interpreting, packed_decode_constants, sm_count
-from .._launch import Launch, planned
+from .._launch import Launch, bound_product, planned
 
-__all__ = ["SMALL_M", "supported", "linear", "fused_linear", "dequantized_linear", "Config",
-           "ROUTED_MAX_PAIRS", "routed_eligible", "routed_linear"]
+__all__ = ["SMALL_M", "supported", "linear", "bound_linear", "fused_linear",
+           "dequantized_linear", "Config", "ROUTED_MAX_PAIRS", "routed_eligible", "routed_linear"]
 
 # Up to this many activation rows the fused kernel beats dequantize + cuBLAS (measured on an
 # H200, benchmarks/bench_gpu_matmul.py).
@@ -253,6 +253,16 @@ class FusedPlan:
             self.reduce(ws, bias_arg, out)
         return out
 
+    def bind(self, w_scale, w_data, out_shape: tuple):
+        """`f(x, bias) -> out` (out of `out_shape`) for this weight: the compiled kernels
+        called directly (`bound_product`), or None where they cannot be yet."""
+        main = self.main.direct({1: w_data, 2: w_scale}, (0, 3, 4, 5))
+        reduce = self.reduce.direct({}, (0, 1, 2)) if self.reduce is not None else None
+        if main is None or (self.reduce is not None and reduce is None):
+            return None
+        return bound_product(main, reduce, out_shape, self.out_dtype, self.device,
+                             (self.split_k, *self.out_shape) if reduce is not None else None)
+
 
 def _int32_offsets(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, M: int) -> bool:
     """The fused kernel indexes in 32 bits: every offset it forms must stay below 2**31
@@ -430,6 +440,19 @@ def _plan(x2, w_scale, w_data, fmt: dtypes.DType, block_size: int, K: int, bias,
         x2, w_scale, w_data, fmt, block_size, bias, out_dtype, config)
 
 
+def _input_key(x2: torch.Tensor, bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> tuple:
+    """What a plan depends on of the input side of a product (x2 [M, K], bias contiguous)."""
+    bias_key = None if bias is None else (bias.dtype, bias.data_ptr() & 15)
+    return (x2.shape, x2.stride(), x2.dtype, x2.data_ptr() & 15, x2.device, bias_key, out_dtype)
+
+
+def _weight_key(w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
+                block_size: int, K: int) -> tuple:
+    """What a plan depends on of the weight side (in `_PLANS`, the plans of every weight)."""
+    return (fmt, block_size, K, w_data.shape, w_data.stride(), w_data.dtype,
+            w_data.data_ptr() & 15, w_scale.shape, w_scale.stride(), w_scale.data_ptr() & 15)
+
+
 def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
            block_size: int, K: int, bias: Optional[torch.Tensor],
            out_dtype: torch.dtype, plans: Optional[dict] = None) -> torch.Tensor:
@@ -443,19 +466,38 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
     M = x2.shape[0]
     if M <= SMALL_M:  # a few rows: a cheap copy keeps the kernel's offsets small and unit-stride
         x2 = x2.contiguous()
-    bias_key = None
     if bias is not None:  # the kernels index the bias with unit stride
         bias = bias.contiguous()
-        bias_key = (bias.dtype, bias.data_ptr() & 15)
-    key = (x2.shape, x2.stride(), x2.dtype, x2.data_ptr() & 15, x2.device, bias_key, out_dtype)
+    key = _input_key(x2, bias, out_dtype)
     if plans is None:
         plans = _PLANS
-        key += (fmt, block_size, K, w_data.shape, w_data.stride(), w_data.dtype,
-                w_data.data_ptr() & 15, w_scale.shape, w_scale.stride(), w_scale.data_ptr() & 15)
+        key += _weight_key(w_scale, w_data, fmt, block_size, K)
     plan = planned(plans, key,
                    lambda: _plan(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype))
     out = plan(x2, w_scale, w_data, bias)
     return out.reshape(*x.shape[:-1], w_scale.shape[0])
+
+
+def bound_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
+                 fmt: dtypes.DType, block_size: int, K: int, bias: Optional[torch.Tensor],
+                 out_dtype: torch.dtype, plans: Optional[dict] = None):
+    """After `linear` ran with these arguments (`plans` as it took them: a weight's own, or
+    None): `f(x, bias) -> out`, the product `linear` computes, for inputs like x (same shape,
+    dtype and device, contiguous, 16-byte aligned) and a bias like `bias` (None, or the same
+    dtype, contiguous and 16-byte aligned) times this very weight: the plan's compiled kernels
+    called directly with the weight's addresses bound (the plans' `bind`). None where x or
+    the bias is not like that, or the plan has no launches to bind (dequantize + cuBLAS, an
+    empty product) or cannot bind them yet."""
+    x2 = x.reshape(-1, K)
+    if (x2.shape[0] > SMALL_M or not x.is_contiguous() or x.data_ptr() & 15
+            or (bias is not None and (not bias.is_contiguous() or bias.data_ptr() & 15))):
+        return None
+    key = _input_key(x2, bias, out_dtype)
+    if plans is None:
+        plans = _PLANS
+        key += _weight_key(w_scale, w_data, fmt, block_size, K)
+    bind = getattr(plans.get(key), "bind", None)
+    return None if bind is None else bind(w_scale, w_data, (*x.shape[:-1], w_scale.shape[0]))
 
 
 # Routed pairs per launch up to which routed_linear takes them (16 decode tokens x top-4 of

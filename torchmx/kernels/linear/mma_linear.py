@@ -72,7 +72,7 @@ from ..layouts.mma_layout import check_pieces
 from .fp4_wgmma_matmul import check_tile, split_steps, store_out, store_split, usable_on
 from .._common import aligned, block_m_for, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import reduce_splits_kernel
-from .._launch import Launch
+from .._launch import Launch, bound_product
 
 __all__ = ["MmaConfig", "FAST_SCALES", "check_pieces", "default_config", "eligible", "mma_linear"]
 
@@ -854,7 +854,7 @@ class MmaPlan:
         steps = K // (UNITS[fmt.codes_per_group][0] * cfg.u)
         split = min(cfg.split, steps)
         self.out_shape, self.out_dtype, self.device = (M, N), out_dtype, x.device
-        self.split = split
+        self.split, self.pieces = split, pieces
         interpreter = interpreting()
         low, high = FAST_SCALES[fmt]
         # out [M, N] is contiguous: stride(0) N
@@ -888,3 +888,18 @@ class MmaPlan:
         if self.reduce is not None:
             self.reduce(partials, bias_arg, out)
         return out
+
+    def bind(self, w_scale, w_data, out_shape: tuple):
+        """`f(x, bias) -> out` (out of `out_shape`) for this weight in the standard layout
+        (a plan made without pieces): the compiled kernels called directly
+        (`bound_product`), or None where they cannot be yet. The pieces and counters slots,
+        unread without PIECES, keep the weight's own tensors."""
+        if self.pieces:
+            return None
+        main = self.main.direct({1: w_data, 2: w_scale, 3: w_data, 4: w_scale, 5: w_scale},
+                                (0, 6, 7, 8))
+        reduce = self.reduce.direct({}, (0, 1, 2)) if self.reduce is not None else None
+        if main is None or (self.split > 1 and reduce is None):
+            return None
+        return bound_product(main, reduce, out_shape, self.out_dtype, self.device,
+                             (self.split, *self.out_shape) if self.split > 1 else None)
