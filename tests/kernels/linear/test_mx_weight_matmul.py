@@ -255,14 +255,23 @@ def test_supported_formats_and_block_sizes():
 # ---------------------------------------------------------------------------- dispatch
 
 def _count_kernel_calls(monkeypatch):
+    """The input shapes of the calls that ran the kernels: through dispatch.linear, or (on CUDA,
+    a call like an earlier one) through the product bound to the weight."""
     calls = []
-    original = km.linear
+    original, original_bound = km.linear, weight_matmul.bound_call
 
     def counting(*args, **kwargs):
         calls.append(args[0].shape)
         return original(*args, **kwargs)
 
+    def counting_bound(key, input, bias):
+        out = original_bound(key, input, bias)
+        if out is not None:
+            calls.append(input.shape)
+        return out
+
     monkeypatch.setattr(km, "linear", counting)
+    monkeypatch.setattr(weight_matmul, "bound_call", counting_bound)
     return calls
 
 
