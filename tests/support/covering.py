@@ -6,10 +6,15 @@ each is one more kernel compile. A test takes a covering subset of the product o
 every value of each axis meets every value of each other axis in some case (all pairs), which is
 where the kernels' paths meet (format x tile, tile x shape, format x shape). TORCHMX_TEST_FULL=1
 runs the whole product, as it does test_triton_quantize.py's matrix.
+
+`pairs_when_interpreted` keeps a whole product on a GPU and takes the covering subset only under
+Triton's interpreter, for the tests whose product runs in full on a GPU.
 """
 
 import itertools
 import os
+
+import torch
 
 
 def _covering_subset() -> bool:
@@ -40,3 +45,14 @@ def all_pairs(*axes):
         chosen.append(best)
         uncovered -= pairs(indices[best])
     return [cases[c] for c in sorted(chosen)]
+
+
+def pairs_when_interpreted(*axes):
+    """all_pairs(*axes) under Triton's interpreter (no CUDA GPU: tests/conftest.py runs the
+    kernels on CPU there, where a case costs a second of interpretation and the pairs reach every
+    meeting of two axes' code paths); the whole product on a GPU and with TORCHMX_TEST_FULL=1."""
+    if torch.cuda.is_available():
+        return [tuple(itertools.chain.from_iterable(
+            value if isinstance(value, tuple) else (value,) for value in combo))
+            for combo in itertools.product(*axes)]
+    return all_pairs(*axes)

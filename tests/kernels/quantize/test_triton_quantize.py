@@ -27,6 +27,7 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton")
 
+from covering import pairs_when_interpreted  # noqa: E402
 from repo import ROOT  # noqa: E402
 from formats import FORMAT_IDS, FORMATS, HP_DTYPES, ROUNDINGS, SCALE_MODES, bit_view, every_code_every_scale, wide_range_input  # noqa: E402
 from torchmx import dtypes  # noqa: E402
@@ -121,9 +122,13 @@ def check_dequantize(scale, data, fmt, block_size, target, axis, n):
     assert_same(expected, got, f"dequantize {fmt.name} B={block_size} axis={axis} -> {target}")
 
 
-@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=ALL_IDS)
-@pytest.mark.parametrize("scale_mode", SCALE_MODES)
-@pytest.mark.parametrize("rounding", ROUNDINGS)
+# Every (format, scale mode, rounding) triple on a GPU; under the interpreter every pair of them
+# (each is a constexpr of its own step: the scale byte, then the rounding of the codes).
+OPTIONS = pairs_when_interpreted(ALL_FORMATS, SCALE_MODES, ROUNDINGS)
+
+
+@pytest.mark.parametrize("fmt,scale_mode,rounding", OPTIONS,
+                         ids=[f"{r}-{m}-{f.name}" for f, m, r in OPTIONS])
 def test_quantize_every_option(fmt, scale_mode, rounding):
     # Rows kernel (last dim), cols kernel (dim 0), odd block sizes (padded tiles, packing pass).
     cases = [(torch.float32, 32, -1), (torch.bfloat16, 8, 0), (torch.float16, 7, -1),
