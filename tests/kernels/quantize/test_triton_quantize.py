@@ -205,7 +205,10 @@ SHAPES = [(), (0,), (5, 0), (0, 64), (1,), (31,), (97,), (3, 5, 7), (2, 129, 3),
 def test_shapes_and_axes(shape, fmt):
     x = wide_range_input(shape, torch.bfloat16, seed=3)
     dims = max(len(shape), 1)
-    for axis, block_size in itertools.product(range(-dims, dims), (1, 3, 32)):
+    # A negative axis is the kernel call of its positive one (check_quantize passes axis % dim);
+    # only the reference sees the difference: under the interpreter, positive axes only.
+    axes = range(dims) if INTERPRET else range(-dims, dims)
+    for axis, block_size in itertools.product(axes, (1, 3, 32)):
         scale, data = check_quantize(x, fmt, block_size, "floor", "even", axis)
         if x.dim() == 0:
             continue
