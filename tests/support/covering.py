@@ -21,15 +21,20 @@ def _covering_subset() -> bool:
     return os.environ.get("TORCHMX_TEST_FULL") != "1"
 
 
+def _product(axes):
+    """Every case of the product, each a flat tuple (an axis of tuples gives several values)."""
+    return [tuple(itertools.chain.from_iterable(
+        value if isinstance(value, tuple) else (value,) for value in combo))
+        for combo in itertools.product(*axes)]
+
+
 def all_pairs(*axes):
     """The cases of a parametrize over the product of `axes` (each a list of values, or of
     tuples for axes that go together): with TORCHMX_TEST_FULL=1 all of them; else a subset
     covering every pair of values of two axes, chosen greedily
     (the case that covers the most pairs not yet covered, the first such in product order), so
     the same cases every run."""
-    cases = [tuple(itertools.chain.from_iterable(
-        value if isinstance(value, tuple) else (value,) for value in combo))
-        for combo in itertools.product(*axes)]
+    cases = _product(axes)
     if not _covering_subset():
         return cases
     indices = list(itertools.product(*(range(len(axis)) for axis in axes)))
@@ -51,8 +56,4 @@ def pairs_when_interpreted(*axes):
     """all_pairs(*axes) under Triton's interpreter (no CUDA GPU: tests/conftest.py runs the
     kernels on CPU there, where a case costs a second of interpretation and the pairs reach every
     meeting of two axes' code paths); the whole product on a GPU and with TORCHMX_TEST_FULL=1."""
-    if torch.cuda.is_available():
-        return [tuple(itertools.chain.from_iterable(
-            value if isinstance(value, tuple) else (value,) for value in combo))
-            for combo in itertools.product(*axes)]
-    return all_pairs(*axes)
+    return _product(axes) if torch.cuda.is_available() else all_pairs(*axes)
