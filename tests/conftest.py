@@ -94,6 +94,7 @@ def _shares_a_module_fixture(item) -> bool:
     return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which turns the groups into "@group" node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:  # `--dist loadgroup` keeps these on one worker
         if _shares_a_module_fixture(item):
