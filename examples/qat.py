@@ -4,8 +4,10 @@ A small MLP learns a synthetic classification task three ways: in bf16, with MX 
 weights, fp8 activations) and with MX QAT that also quantizes the backward GEMMs (fp8 e5m2).
 The QAT model is then packed (MXInferenceLinear) without changing its outputs.
 
-Run: python3 examples/qat.py   (a few seconds on CPU)
+Run: python3 examples/qat.py [--steps 300]   (a few seconds on CPU)
 """
+
+import argparse
 
 import torch
 from torch import nn
@@ -43,14 +45,17 @@ def train(model: nn.Module, teacher: nn.Module, steps: int = 300) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300, help="Adam steps per model (default 300)")
+    steps = parser.parse_args().steps
     torch.set_num_threads(1)  # tiny matmuls
     torch.manual_seed(0)
     teacher = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 8))
-    print(f"bf16 baseline              held-out loss {train(make_mlp(1), teacher):.4f}")
+    print(f"bf16 baseline              held-out loss {train(make_mlp(1), teacher, steps):.4f}")
     for name, qconfig in [("MX QAT w4a8", W4A8), ("MX QAT w4a8, e5m2 grads", W4A8_E5M2_GRADS)]:
         model = make_mlp(1)
         prepare_qat_(model, qconfig, exclude=None)  # every Linear -> MXLinear, same parameters
-        print(f"{name:<26} held-out loss {train(model, teacher):.4f}")
+        print(f"{name:<26} held-out loss {train(model, teacher, steps):.4f}")
     print(model)
 
     x = torch.randn(4, 64)

@@ -24,7 +24,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 # each (threads fighting over the cores).
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+    _threads = max(1, (os.cpu_count() or 1) // _workers)
+    torch.set_num_threads(_threads)
+    # The processes tests start (the examples, fresh interpreters, distributed ranks) too: with
+    # torch's default of one thread a CPU, their threads spin-wait against the other workers
+    # (an op can take a hundred times longer).
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
 
 # Without a GPU, the Triton kernels are tested under Triton's interpreter. Triton fixes the mode
 # when it is first imported, so it is set here, before any test module (or torch) imports it.
@@ -89,6 +94,7 @@ def _shares_a_module_fixture(item) -> bool:
     return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which turns the groups into "@group" node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:  # `--dist loadgroup` keeps these on one worker
         if _shares_a_module_fixture(item):

@@ -21,9 +21,16 @@ def test_schemas_keep_torchmx_010_positional_arguments():
         "SymInt? block_dim_size=None) -> Tensor")
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
-@pytest.mark.parametrize("scale_mode", SCALE_MODES)
-@pytest.mark.parametrize("rounding", ROUNDINGS)
+# opcheck checks the registration (schema, fake kernels, autograd and compile dispatch), which
+# the format changes (shapes of the packed data) and the options only pass through: every format
+# once, every scale mode and rounding among them. Their numerics: test_ops_equal_reference here,
+# the whole option matrix in tests/numerics and tests/kernels/quantize/test_cpu_backend.py.
+OPCHECK_CASES = [(fmt, SCALE_MODES[i % len(SCALE_MODES)], ROUNDINGS[i % len(ROUNDINGS)])
+                 for i, fmt in enumerate(FORMATS)]
+
+
+@pytest.mark.parametrize("fmt,scale_mode,rounding", OPCHECK_CASES,
+                         ids=[f"{f.name}-{m}-{r}" for f, m, r in OPCHECK_CASES])
 def test_opcheck(fmt, scale_mode, rounding):
     x = wide_range_input((4, 45), torch.bfloat16, seed=1)
     kwargs = dict(scale_mode=scale_mode, rounding=rounding, block_dim=0, seed=5)

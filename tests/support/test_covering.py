@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from covering import all_pairs
+import covering
+from covering import all_pairs, pairs_when_interpreted
 
 AXES = [(["a", "b", "c", "d", "e", "f"], [1, 2, 3, 4], [(16, 128), (2, 8), (33, 4), (64, 12)]),
         (["x", "y", "z"], [True, False], [1, 2, 3, 4], [(5, 6), (7, 8), (9, 10), (11, 12)]),
@@ -40,3 +41,14 @@ def test_every_pair_on_a_gpu_and_under_the_interpreter(axes, interpret, monkeypa
         assert {(c[a], c[b]) for c in combos} == set(itertools.product(axes[a], axes[b]))
     if len(axes) > 2:
         assert len(cases) < len(product)
+
+
+@pytest.mark.parametrize("axes", AXES)
+@pytest.mark.parametrize("cuda", [False, True])
+def test_pairs_when_interpreted_keep_the_product_on_a_gpu(axes, cuda, monkeypatch):
+    monkeypatch.delenv("TORCHMX_TEST_FULL", raising=False)
+    monkeypatch.setattr(covering.torch.cuda, "is_available", lambda: cuda)
+    product = [_flat(c) for c in itertools.product(*axes)]
+    assert pairs_when_interpreted(*axes) == (product if cuda else all_pairs(*axes))
+    monkeypatch.setenv("TORCHMX_TEST_FULL", "1")
+    assert pairs_when_interpreted(*axes) == product

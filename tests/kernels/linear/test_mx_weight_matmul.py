@@ -20,7 +20,7 @@ from torchmx.mx_tensor import MXLayoutWarning, reset_layout_warning
 from torchmx.kernels.linear import dispatch as km
 from torchmx.mx_ops import weight_matmul
 
-from covering import all_pairs
+from covering import all_pairs, pairs_when_interpreted
 from matmul_operands import (DEVICE, assert_graph_replay_matches_eager,
                              assert_within_fp32_accumulation, integer_operands, reference)
 
@@ -102,10 +102,9 @@ FP4_WORD_TILES = [km.Config(km.ROWS, 16, 1, 32), km.Config(km.ROWS, 8, 1, 64),
                   km.Config(km.ROWS, 4, 2, 2), km.Config(km.ROWS, 8, 1, 4, num_warps=2)]
 
 
-@pytest.mark.parametrize("config", FP4_WORD_TILES)
-@pytest.mark.parametrize("block_size", [32, 64])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("M,N,K", [(1, 20, 200), (2, 32, 256)])
+@pytest.mark.parametrize("config,block_size,dtype,M,N,K", pairs_when_interpreted(
+    FP4_WORD_TILES, [32, 64], [torch.bfloat16, torch.float16], [(1, 20, 200), (2, 32, 256)]),
+    ids=str)
 def test_fp4_rows_read_whole_words(monkeypatch, config, block_size, dtype, M, N, K):
     """fp4 rows of whole 4-byte words are read as 32-bit words and decoded eight codes at a
     time (FAST 5: inline PTX on the GPU; under the interpreter, where it is forced on here, the
@@ -136,11 +135,10 @@ def test_fp4_rows_words_special_scales(monkeypatch, config):
     torch.testing.assert_close(out[:, 2:], reference(x, w).float()[:, 2:], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("fmt", FP6)
-@pytest.mark.parametrize("K", [96, 256])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("config,block_size", [(VARIANTS["rows"], 32), (VARIANTS["rows_nb4"], 32),
-                                               (km.Config(km.ROWS, 8, 1, 2), 64)])
+@pytest.mark.parametrize("fmt,K,dtype,config,block_size", pairs_when_interpreted(
+    FP6, [96, 256], [torch.bfloat16, torch.float16],
+    [(VARIANTS["rows"], 32), (VARIANTS["rows_nb4"], 32), (km.Config(km.ROWS, 8, 1, 2), 64)]),
+    ids=str)
 def test_fp6_rows_read_whole_words(fmt, K, dtype, config, block_size):
     """fp6 rows of whole 4-byte words (K a multiple of 16) are read as 32-bit words, three per
     sixteen codes, codes straddling words included."""

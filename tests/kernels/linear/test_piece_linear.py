@@ -124,11 +124,16 @@ def test_fits_and_bad_parts():
 
 # ---------------------------------------------------------------------------------- kernel
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("config,M,N,units", [(MmaConfig(1, 1, 1, 1), 16, 128, 3),
-                                              (MmaConfig(1, 2, 3, 2), 16, 256, 6),
-                                              (MmaConfig(2, 1, 2, 1), 33, 256, 4),
-                                              (MmaConfig(1, 1, 4, 2), 64, 128, 5)], ids=str)
+CONFIG_SHAPES = [(MmaConfig(1, 1, 1, 1), 16, 128, 3), (MmaConfig(1, 2, 3, 2), 16, 256, 6),
+                 (MmaConfig(2, 1, 2, 1), 33, 256, 4), (MmaConfig(1, 1, 4, 2), 64, 128, 5)]
+# On a GPU every format at every config. Under the interpreter the layout's bytes depend on the
+# width alone (one byte or fp6; each format's decode is test_mma_linear's): each config with a
+# one-byte and an fp6 format, taking the formats in turn.
+PIECE_CASES = ([(f, *c) for c in CONFIG_SHAPES for f in FORMATS] if CUDA else
+               [(f, *c) for i, c in enumerate(CONFIG_SHAPES) for f in (ONE_BYTE[i % 3], FP6[i % 2])])
+
+
+@pytest.mark.parametrize("fmt,config,M,N,units", PIECE_CASES, ids=str)
 def test_pieces_give_the_standard_layouts_bits(fmt, config, M, N, units):
     """Random operands (sums not exact): the same bits as the standard layout at the same
     config, the split-K sum (here in the kernel, there in reduce_splits_kernel) included; the

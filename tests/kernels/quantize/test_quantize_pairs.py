@@ -29,6 +29,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarnin
 PAIR_FORMATS = (dtypes.float4_e2m1, dtypes.float6_e2m3, dtypes.float6_e3m2,
                 dtypes.ExMy(3, 2, bias=10), dtypes.ExMy(2, 3, bias=3), dtypes.ExMy(1, 2))
 FP16_REJECTED = (dtypes.ExMy(3, 2, bias=1), dtypes.ExMy(3, 2, bias=14))
+# The formats the kernels are run on. Under Triton's interpreter they encode with codes_rne, one
+# Triton code for every format of a width (the format's numbers are constexprs): the standard
+# formats cover it there. On a GPU each format has its own PTX: all of them (on CPU that PTX of
+# every format runs through the emulator below, on every 16-bit value and every scale).
+KERNEL_FORMATS = PAIR_FORMATS if GPU else PAIR_FORMATS[:3]
 
 
 @pytest.mark.parametrize("half", [qp.BF16, qp.F16], ids=lambda h: h.name)
@@ -187,7 +192,7 @@ CASES = [((64, 64), (32, 16, 64, 4)), ((37, 66), (32, 16)), ((2, 1, 33, 68), (32
 
 
 @pytest.mark.parametrize("half", HALVES)
-@pytest.mark.parametrize("fmt", PAIR_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", KERNEL_FORMATS, ids=lambda f: f.name)
 def test_pair_kernel_equals_the_reference(fmt, half, monkeypatch):
     calls = _count_calls(monkeypatch, "_quantize_fused_pairs")
     expected_calls = 0
@@ -269,7 +274,7 @@ ROW_CASES = [((64, 64), (8, 16, 32, 64)), ((3, 5, 128), (32, 64)), ((7, 192), (6
 
 
 @pytest.mark.parametrize("half", HALVES)
-@pytest.mark.parametrize("fmt", PAIR_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", KERNEL_FORMATS, ids=lambda f: f.name)
 def test_rows_pair_kernel_equals_the_reference(fmt, half, monkeypatch):
     """Every scale mode and the block sizes the kernel takes (8-64 for 4-bit formats; 6-bit
     ones are stored 32 codes at a time: 32 and 64)."""
