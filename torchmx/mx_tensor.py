@@ -415,6 +415,11 @@ def dequantize(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
     return _dequantize(tensor, dtype, short_path())
 
 
+def dequantize_short(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
+    """`dequantize` for a caller on the short path of _eager.py (no operator)."""
+    return _dequantize(tensor, dtype, True)
+
+
 def _dequantize(tensor: MXTensor, dtype: torch.dtype, short: bool) -> torch.Tensor:
     """`dequantize` through the dequantize_mx operator, or (`short`: on the short path of
     _eager.py) its body after the checks, which an MXTensor's parts pass by construction."""

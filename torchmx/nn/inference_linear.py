@@ -8,6 +8,7 @@ At forward the buffers are viewed as an MXTensor (`.weight`), the input is quant
 exact product, fp32 accumulation; a fused kernel where one exists).
 """
 
+import functools
 import weakref
 from typing import List, Optional
 
@@ -22,6 +23,7 @@ from ..config import QLinearConfig
 from ..kernels.layouts import fp4_wgmma_layout, mma_layout, tma_stream_layout
 from ..kernels.linear import dispatch as linear_dispatch
 from ..mx_ops import weight_matmul
+from ..mx_ops.matmul import exact_weight_linear
 from ..mx_ops.fragment_linear import mx_fp4_fragment_linear  # noqa: F401 - registers the op
 from ..mx_ops.piece_linear import mx_piece_linear  # noqa: F401 - registers the op
 from ..mx_ops.stream_linear import mx_stream_linear  # noqa: F401 - registers the op
@@ -89,6 +91,11 @@ def _packed_linear(x, weight_mx, bias, activations_config, prepacked):
             x, codes, scales, counters, weight_mx._scale_e8m0, weight_mx._data, elem_dtype_name,
             weight_mx.shape[1], bias, x.dtype)
     return F.linear(x, weight_mx, bias)
+
+
+def _exact_product(weight_mx, x, bias):
+    """_packed_linear(x, weight_mx, bias, None, None) where no kernel takes the product."""
+    return exact_weight_linear(x, weight_mx, bias)
 
 
 _LAYOUT_NAMES = {tma_stream_layout: "tma_stream", fp4_wgmma_layout: "fp4_wgmma", mma_layout: "mma"}
@@ -375,6 +382,14 @@ class MXInferenceLinear(nn.Module):
             return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
                                                self.qconfig.activations_config, prepacked)
         weight, kernel_parts = self._weight_view(x.dtype, source)
+        if (prepacked is None and self.qconfig.activations_config is None
+                and type(x) is torch.Tensor
+                and not weight_matmul.kernels_on(self._buffers["weight_data"])):
+            # no kernel on this device (CPU): what F.linear(x, weight, bias) computes, directly
+            if short_path(x, bias):
+                return exact_weight_linear(x, weight, bias)
+            return _PackedLinearFunction.apply(x, weight, bias, None, None, functools.partial(
+                _exact_product, weight))
         usable = (kernel_parts is not None  # its [1]: the weight's codes
                   and weight_matmul._kernels_usable(kernel_parts[1].device))
         if short_path(x, bias):
