@@ -53,7 +53,10 @@ _OUTER_STRIDES = {}
 
 def _outer_strides(data, shape, block_dim, elem_dtype):
     key = (data.shape, data.stride(), shape, block_dim, elem_dtype.name)
-    strides = _OUTER_STRIDES.get(key)
+    try:
+        strides = _OUTER_STRIDES.get(key)
+    except TypeError:  # symbolic sizes (torch.compile's dynamic shapes): not remembered
+        return layout.outer_strides(data, shape, block_dim, elem_dtype)
     if strides is None:
         strides = memo(_OUTER_STRIDES, key, lambda: layout.outer_strides(data, shape, block_dim,
                                                                          elem_dtype))
