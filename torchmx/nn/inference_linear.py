@@ -365,13 +365,13 @@ class MXInferenceLinear(nn.Module):
             if out is not None:
                 return out
         arguments.check_linear_input(self._describe, x, self.in_features)
-        bias = self.bias
+        bias = self._parameters["bias"]  # (not Module.__getattr__: forward asks at every call)
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)  # differentiable: the gradient reaches the bias in its dtype
-        compiling = torch.compiler.is_compiling()
+        compiling = _is_compiling()
         source = None if compiling else self._weight_source()
         prepacked = None
-        if self.weight_prepacked_codes is not None:
+        if self._buffers["weight_prepacked_codes"] is not None:
             if not compiling and self._prepacked_source != source:
                 self.prepack()  # the weight buffers were written or replaced since
             prepacked = (self._prepacked_layout, self.weight_prepacked_codes,
