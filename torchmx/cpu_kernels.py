@@ -336,11 +336,11 @@ class _DequantizeCall:
     def __call__(self, data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """The values of the contiguous data and scale."""
         out = self.new_out()
-        if self.empty:
-            return out
-        if self.chunks == 1:
+        if self.chunks == 1 and not self.empty:
             self.dequantize_rows(data.data_ptr(), scale.data_ptr(), *self.whole, out.data_ptr(),
                                  _scratch.get(self.n)[1])
+            return out
+        if self.empty:
             return out
         addresses = data.data_ptr(), scale.data_ptr(), out.data_ptr()
 

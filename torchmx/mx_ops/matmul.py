@@ -240,13 +240,18 @@ def exact_weight_linear(x: Tensor, weight: MXTensor, bias: Optional[Tensor]) -> 
     kernel takes the product (`weight_matmul.kernels_on` False): the exact product of
     the dequantized weight, computed as `_linear` computes it there."""
     with torch._C.DisableTorchFunctionSubclass():  # the weight's metadata, read directly
-        data = weight._data
-        if data.is_contiguous():  # what `dequantize` does for it, without its layers
-            w = _ops.dequantize_checked(data, weight._scale_e8m0, weight._elem_dtype,
-                                        weight._block_size, torch.float32, 1, weight.shape[1])
-        else:
-            w = dequantize_short(weight, torch.float32)
-    return _compute(x, _linear_other(w), bias, 1.0, 1.0, x.dtype)
+        return _exact_weight_linear(x, weight, bias)
+
+
+def _exact_weight_linear(x, weight, bias):
+    """exact_weight_linear, with MXTensor's __torch_function__ already disabled."""
+    data = weight._data
+    if data.is_contiguous():  # what `dequantize` does for it, without its layers
+        w = _ops.dequantize_checked(data, weight._scale_e8m0, weight._elem_dtype,
+                                    weight._block_size, torch.float32, 1, weight.shape[1])
+    else:
+        w = dequantize_short(weight, torch.float32)
+    return _compute(x, w.t(), bias, 1.0, 1.0, x.dtype)
 
 
 @implements(torch.ops.torchmx.mx_linear.default)
@@ -334,7 +339,10 @@ _PLAIN_BIAS = (type(None), torch.Tensor, torch.nn.Parameter)
 
 @implements_torch_function(F.linear)
 def _linear_function(func, args, kwargs):
-    v = dict(zip(("input", "weight", "bias"), args), **kwargs)
+    if kwargs or not 2 <= len(args) <= 3:
+        v = dict(zip(("input", "weight", "bias"), args), **kwargs)
+    else:  # (positional arguments, the usual call: no dict to build)
+        v = {"input": args[0], "weight": args[1], "bias": args[2] if len(args) == 3 else None}
     x, w, bias = v["input"], v["weight"], v.get("bias")
     # MXTensor's metadata (requires_grad, dim, shape, dtype) without a __torch_function__ round
     # trip each
@@ -344,7 +352,7 @@ def _linear_function(func, args, kwargs):
                     and w.dim() == 2 and w._block_dim == 1 and x.dtype == w.dtype
                     and (bias is None or bias.dtype == x.dtype)
                     and not weight_matmul.kernels_on(w)):
-                return exact_weight_linear(x, w, bias)  # what _linear would compute, directly
+                return _exact_weight_linear(x, w, bias)  # what _linear would compute, directly
             dtype = _logical_dtype("linear", v)
             return _linear(x, w, bias, dtype, dtype, direct=True)
     dtype = _logical_dtype("linear", v)
