@@ -179,9 +179,7 @@ def _logical_dtype(op_name: str, operands: dict) -> torch.dtype:
     (not TypeError: `a @ b` would replace its message with its own)."""
     tensors = {k: t for k, t in operands.items() if isinstance(t, torch.Tensor)}
     seen = {t.dtype for t in tensors.values()}
-    if len(seen) == 1 and seen <= _LOGICAL_DTYPES:
-        return seen.pop()
-    if len(seen) != 1 or not seen <= set(HIGH_PRECISION_DTYPES):
+    if len(seen) != 1 or not seen <= _LOGICAL_DTYPES:
         raise ValueError(
             f"{op_name}: MX matmul operands must share one logical dtype among "
             f"{', '.join(map(str, HIGH_PRECISION_DTYPES))}; got "
