@@ -44,6 +44,12 @@ def check_quantize_arguments(data_hp, elem_dtype, block_size, scale_mode, roundi
     return name, axis
 
 
+def check_ste(ste) -> str:
+    if ste not in _mx.STE_MODES:
+        raise ValueError(f"ste must be one of {', '.join(_mx.STE_MODES)}; got {ste!r}")
+    return ste
+
+
 def check_dequantize_dtype(target_dtype) -> torch.dtype:
     if not isinstance(target_dtype, torch.dtype):
         raise TypeError(f"target_dtype must be a torch.dtype, one of "
@@ -66,8 +72,7 @@ def quantize_checked(data_hp, elem_dtype, block_size, scale_mode, rounding, bloc
     """The forward of ToMXConstrFunc: every argument validated, then the MXTensor."""
     name, axis = check_quantize_arguments(data_hp, elem_dtype, block_size, scale_mode, rounding,
                                           block_dim)
-    if ste not in _mx.STE_MODES:
-        raise ValueError(f"ste must be one of {', '.join(_mx.STE_MODES)}; got {ste!r}")
+    check_ste(ste)
     seed = resolve_seed(seed, rounding)
     return _mx.quantize(data_hp, name, block_size, scale_mode, rounding, axis, seed)
 

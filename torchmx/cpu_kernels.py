@@ -28,6 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import dtypes
+from ._memo import memo
 from .numerics import decode
 from .numerics.packing import packed_length
 from .numerics.reference import round_to_target
@@ -202,34 +203,44 @@ _KEPT_SCRATCH = 1 << 16  # elements per row up to which a thread keeps its buffe
 class _Scratch(threading.local):
     """Per-thread work buffers of the C kernels, grown as needed and kept: a fresh pair per
     call costs more host time than a small call's arithmetic."""
-    values = codes = long = None
+    size = 0  # elements per row the kept buffers hold
+    kept = long = None  # (values, codes) tensors: kept, and the last call's long rows'
+    addresses = (0, 0)  # of the kept buffers
 
     def get(self, n: int) -> Tuple[int, int]:
         """Addresses of >= 2n fp32 values and >= n bytes, valid until this thread's next call."""
-        if self.codes is None or self.codes.numel() < n:
-            values = torch.empty(2 * n, dtype=torch.float32)
-            codes = torch.empty(n, dtype=torch.uint8)
-            if n > _KEPT_SCRATCH:  # long rows: not kept for the life of the thread
-                self.long = values, codes
-                return values.data_ptr(), codes.data_ptr()
-            self.values, self.codes = values, codes
-        return self.values.data_ptr(), self.codes.data_ptr()
+        if n <= self.size:
+            return self.addresses
+        values = torch.empty(2 * n, dtype=torch.float32)
+        codes = torch.empty(n, dtype=torch.uint8)
+        if n > _KEPT_SCRATCH:  # long rows: not kept for the life of the thread
+            self.long = values, codes
+            return values.data_ptr(), codes.data_ptr()
+        self.kept, self.size = (values, codes), n
+        self.addresses = values.data_ptr(), codes.data_ptr()
+        return self.addresses
 
 
 _scratch = _Scratch()
 
 
-def _run_rows(rows: int, elements_per_row: int, call) -> None:
-    """call(begin, end) over row chunks, in parallel when the work is large enough."""
+def _row_chunks(rows: int, elements_per_row: int) -> int:
+    """How many chunks of rows a call's work may be split into across threads (1: too little
+    work to gain from threads)."""
     work = rows * max(elements_per_row, 1)
     if work < 2 * _MIN_ELEMENTS_PER_THREAD:
+        return 1
+    return min(rows, work // _MIN_ELEMENTS_PER_THREAD)
+
+
+def _run_rows(rows: int, most_chunks: int, call) -> None:
+    """call(begin, end) over at most `most_chunks` chunks of rows, in parallel on up to
+    torch.get_num_threads() threads."""
+    chunks = min(torch.get_num_threads(), most_chunks)
+    if chunks <= 1:
         call(0, rows)
         return
-    chunks = max(1, min(torch.get_num_threads(), rows, work // _MIN_ELEMENTS_PER_THREAD))
     bounds = [rows * i // chunks for i in range(chunks + 1)]
-    if chunks == 1:
-        call(0, rows)
-        return
     futures = [_pool().submit(call, bounds[i], bounds[i + 1]) for i in range(chunks)]
     for future in futures:
         future.result()
@@ -241,53 +252,127 @@ def _split(shape, axis) -> Tuple[int, int, int]:
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
-_NO_SEED_KEY = seed_key(0)
+def _allocator(shape, dtype: torch.dtype):
+    """A function () -> a new output of this shape and dtype: torch.empty, or _new_output for
+    an output large enough to want huge pages."""
+    if math.prod(shape) * dtype.itemsize < 3 * _HUGE_PAGE:
+        return functools.partial(torch.empty, shape, dtype=dtype)
+    return functools.partial(_new_output, shape, dtype)
+
+
+_NO_SEED_KEY = ctypes.c_uint32(seed_key(0))
+
+
+class _QuantizeCall:
+    """What quantize works out for one kind of call (input shape and dtype, format, block size,
+    modes, axis), once: the outputs' shapes, the row split, and the C function's arguments
+    other than the addresses and the seed, as ctypes objects (ctypes passes them as they are,
+    where it converts a Python int at every call)."""
+
+    def __init__(self, shape, dtype: torch.dtype, elem_dtype: dtypes.DType, block_size: int,
+                 scale_mode: str, rounding: str, axis: int):
+        outer, n, inner = _split(shape, axis)
+        scale_shape, data_shape = list(shape), list(shape)
+        scale_shape[axis], data_shape[axis] = -(-n // block_size), packed_length(n, elem_dtype)
+        self.new_scale = _allocator(tuple(scale_shape), torch.uint8)
+        self.new_data = _allocator(tuple(data_shape), elem_dtype.storage_dtype)
+        self.rows, self.n, self.empty = outer * inner, n, math.prod(shape) == 0
+        self.chunks = _row_chunks(self.rows, n)
+        self.quantize_rows = _entry_points()[0]
+        i64 = ctypes.c_int64
+        # mx_quantize_rows(src, in_dtype, n, inner, row_begin, row_end, format, block_size,
+        #                  scale_mode, rounding, seed_key, scale_out, data_out, scratch, codes)
+        self.head = (ctypes.c_int(_INPUT_CODES[dtype]), i64(n), i64(inner))
+        self.middle = (_format(elem_dtype), i64(block_size),
+                       ctypes.c_int(SCALE_MODE_BY_NAME[scale_mode]),  # the enums of mx_cpu.c
+                       ctypes.c_int(ROUNDING_BY_NAME[rounding]))
+        self.whole = self.head + (i64(0), i64(self.rows)) + self.middle
+
+    def __call__(self, x: torch.Tensor, seed: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(scale, data) of the contiguous input x."""
+        scale, data = self.new_scale(), self.new_data()
+        if self.empty:
+            return scale, data
+        key = _NO_SEED_KEY if seed is None else seed_key(seed)
+        if self.chunks == 1:
+            values, codes = _scratch.get(self.n)
+            self.quantize_rows(x.data_ptr(), *self.whole, key, scale.data_ptr(), data.data_ptr(),
+                               values, codes)
+            return scale, data
+        addresses = x.data_ptr(), scale.data_ptr(), data.data_ptr()
+
+        def call(begin, end):
+            values, codes = _scratch.get(self.n)
+            self.quantize_rows(addresses[0], *self.head, begin, end, *self.middle, key,
+                               addresses[1], addresses[2], values, codes)
+
+        _run_rows(self.rows, self.chunks, call)
+        return scale, data
+
+
+class _DequantizeCall:
+    """What dequantize works out for one kind of call (data shape, format, block size, target
+    dtype, axis, elements along it), once: the output's shape, the row split, the value table
+    and the C function's other arguments as ctypes objects."""
+
+    def __init__(self, shape, elem_dtype: dtypes.DType, block_size: int,
+                 target_dtype: torch.dtype, axis: int, n: int):
+        outer, _, inner = _split(shape, axis)
+        out_shape = list(shape)
+        out_shape[axis] = n
+        self.new_out = _allocator(tuple(out_shape), target_dtype)
+        self.rows, self.n, self.empty = outer * inner, n, math.prod(out_shape) == 0
+        self.chunks = _row_chunks(self.rows, n)
+        self.dequantize_rows = _entry_points()[1]
+        self.table = table = _table(elem_dtype, target_dtype)  # kept: the C side reads it
+        i64 = ctypes.c_int64
+        # mx_dequantize_rows(data, scale, n, inner, row_begin, row_end, format, block_size,
+        #                    table, table_codes, element_bytes, out, codes)
+        self.head = (i64(n), i64(inner))
+        self.middle = (_format(elem_dtype), i64(block_size), ctypes.c_void_p(table.data_ptr()),
+                       i64(table.shape[1]), ctypes.c_int(table.element_size()))
+        self.whole = self.head + (i64(0), i64(self.rows)) + self.middle
+
+    def __call__(self, data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The values of the contiguous data and scale."""
+        out = self.new_out()
+        if self.chunks == 1 and not self.empty:
+            self.dequantize_rows(data.data_ptr(), scale.data_ptr(), *self.whole, out.data_ptr(),
+                                 _scratch.get(self.n)[1])
+            return out
+        if self.empty:
+            return out
+        addresses = data.data_ptr(), scale.data_ptr(), out.data_ptr()
+
+        def call(begin, end):
+            self.dequantize_rows(addresses[0], addresses[1], *self.head, begin, end,
+                                 *self.middle, addresses[2], _scratch.get(self.n)[1])
+
+        _run_rows(self.rows, self.chunks, call)
+        return out
+
+
+_QUANTIZE_CALLS, _DEQUANTIZE_CALLS = {}, {}  # kind of call -> _QuantizeCall / _DequantizeCall
 
 
 def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, scale_mode: str,
              rounding: str, axis: int, seed: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Same contract as numerics.quantize_mx_reference, for validated arguments on CPU."""
     x = data_hp.reshape(1) if data_hp.dim() == 0 else data_hp.contiguous()
-    outer, n, inner = _split(x.shape, axis)
-    blocks = -(-n // block_size)
-    scale_shape, data_shape = list(x.shape), list(x.shape)
-    scale_shape[axis], data_shape[axis] = blocks, packed_length(n, elem_dtype)
-    scale = torch.empty(scale_shape, dtype=torch.uint8)
-    data = _new_output(data_shape, elem_dtype.storage_dtype)
-    if x.numel() == 0:
-        return scale, data
-    fmt, key = _format(elem_dtype), _NO_SEED_KEY if seed is None else seed_key(seed)
-    mode, rnd = SCALE_MODE_BY_NAME[scale_mode], ROUNDING_BY_NAME[rounding]  # the enums of mx_cpu.c
-    quantize_rows = _entry_points()[0]
-
-    def call(begin, end):
-        values, codes = _scratch.get(n)
-        quantize_rows(x.data_ptr(), _INPUT_CODES[x.dtype], n, inner, begin, end, fmt,
-                      block_size, mode, rnd, key, scale.data_ptr(), data.data_ptr(), values,
-                      codes)
-
-    _run_rows(outer * inner, n, call)
-    return scale, data
+    key = (x.shape, x.dtype, elem_dtype.name, block_size, scale_mode, rounding, axis)
+    call = _QUANTIZE_CALLS.get(key)
+    if call is None:
+        call = memo(_QUANTIZE_CALLS, key, lambda: _QuantizeCall(
+            x.shape, x.dtype, elem_dtype, block_size, scale_mode, rounding, axis))
+    return call(x, seed)
 
 
 def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes.DType,
                block_size: int, target_dtype: torch.dtype, axis: int, n: int) -> torch.Tensor:
     """Same contract as numerics.dequantize_mx_reference, for validated arguments on CPU."""
-    data, scale = data_lp.contiguous(), scale_u8.contiguous()
-    outer, _, inner = _split(data.shape, axis)
-    out_shape = list(data.shape)
-    out_shape[axis] = n
-    out = _new_output(out_shape, target_dtype)
-    if out.numel() == 0:
-        return out
-    table = _table(elem_dtype, target_dtype)
-    fmt = _format(elem_dtype)
-    dequantize_rows = _entry_points()[1]
-
-    def call(begin, end):
-        dequantize_rows(data.data_ptr(), scale.data_ptr(), n, inner, begin, end, fmt,
-                        block_size, table.data_ptr(), table.shape[1], table.element_size(),
-                        out.data_ptr(), _scratch.get(n)[1])
-
-    _run_rows(outer * inner, n, call)
-    return out
+    key = (data_lp.shape, elem_dtype.name, block_size, target_dtype, axis, n)
+    call = _DEQUANTIZE_CALLS.get(key)
+    if call is None:
+        call = memo(_DEQUANTIZE_CALLS, key, lambda: _DequantizeCall(
+            data_lp.shape, elem_dtype, block_size, target_dtype, axis, n))
+    return call(data_lp.contiguous(), scale_u8.contiguous())

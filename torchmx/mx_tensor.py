@@ -18,6 +18,7 @@ import torch
 
 from . import dtypes, ops as _ops
 from ._eager import short_path
+from ._memo import memo
 from .mx_ops import _registry, layout
 from .mx_ops import export as _export
 from .mx_ops.strict import MXLayoutWarning, reset_layout_warning, set_strict_matmul, strict_matmul
@@ -45,15 +46,31 @@ MIXED_SCALE_MODES = "mixed"  # scale_mode of a cat of MXTensors whose scale mode
 _REPR_VALUES = 8  # a multiple of every packing group, so the shown bytes hold whole groups
 
 
+# (data shape, data strides, logical shape, block axis, format name) -> layout.outer_strides:
+# a pure function of them, worked out once per kind of MXTensor
+_OUTER_STRIDES = {}
+
+
+def _outer_strides(data, shape, block_dim, elem_dtype):
+    key = (data.shape, data.stride(), shape, block_dim, elem_dtype.name)
+    try:
+        strides = _OUTER_STRIDES.get(key)
+    except TypeError:  # symbolic sizes (torch.compile's dynamic shapes): not remembered
+        return layout.outer_strides(data, shape, block_dim, elem_dtype)
+    if strides is None:
+        strides = memo(_OUTER_STRIDES, key, lambda: layout.outer_strides(data, shape, block_dim,
+                                                                         elem_dtype))
+    return strides
+
+
 def _wrap(scale, data, elem_dtype, block_size, orig_dtype, block_dim, scale_mode, shape,
           strides=None) -> "MXTensor":
     """Build an MXTensor from parts already known to be consistent (no validation)."""
-    shape = list(shape)
+    shape = tuple(shape)
     self = torch.Tensor._make_wrapper_subclass(
         MXTensor,
         shape,
-        strides=(layout.outer_strides(data, shape, block_dim, elem_dtype) if strides is None
-                 else strides),
+        strides=_outer_strides(data, shape, block_dim, elem_dtype) if strides is None else strides,
         dtype=orig_dtype,
         device=data.device,
         requires_grad=False,
@@ -266,6 +283,23 @@ class MXTensor(torch.Tensor):
         `block_dim=None` means the last dim. Arguments are validated by ToMXConstrFunc; only
         what cannot enter a graph (a DType object, a torch.Generator) is resolved here.
         """
+        if type(data_hp) is torch.Tensor and short_path(data_hp):
+            key = (elem_dtype, type(block_size), block_size, scale_mode, rounding,
+                   type(block_dim), block_dim, ste, data_hp.dtype, data_hp.dim())
+            try:
+                checked = _TO_MX_CHECKED.get(key)
+            except TypeError:  # an unhashable argument: the checks below name it
+                checked = key = None
+            if checked is None:
+                checked = _check_to_mx(key, data_hp, elem_dtype, block_size, scale_mode,
+                                       rounding, block_dim, ste)
+            fmt, axis = checked
+            if seed is not None or rounding == "stochastic":
+                seed = args.resolve_seed(_autograd.resolve_seed(seed, rounding), rounding)
+            scale, data = _ops.quantize_checked(data_hp, fmt, block_size, scale_mode, rounding,
+                                                axis, seed)
+            return _wrap(scale, data, fmt, block_size, data_hp.dtype, axis, scale_mode,
+                         data_hp.shape)
         if isinstance(data_hp, MXTensor):
             raise TypeError("data_hp is already an MXTensor; call .dequantize() first to "
                             "requantize")
@@ -361,17 +395,37 @@ def quantize(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_d
                  scale_mode, data_hp.shape)
 
 
+# The kinds of to_mx arguments accepted on its short path (formats, sizes, modes, the input's
+# dtype and dims) -> (format, block axis): checked once, looked up after.
+_TO_MX_CHECKED = {}
+
+
+def _check_to_mx(key, data_hp, elem_dtype, block_size, scale_mode, rounding, block_dim, ste):
+    """to_mx's checks (ToMXConstrFunc's), remembered under `key` (None: not remembered)."""
+    name, axis = _autograd.check_quantize_arguments(data_hp, elem_dtype, block_size, scale_mode,
+                                                    rounding, block_dim)
+    _autograd.check_ste(ste)
+    checked = (dtypes.from_name(name), axis)
+    return checked if key is None else memo(_TO_MX_CHECKED, key, lambda: checked)
+
+
 def dequantize(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
     """The exact values of `tensor` rounded once to `dtype` (no autograd).
 
     The result is dense, its dims in the storage's memory order (a transposed MXTensor
     dequantizes to a transposed tensor), so no packed data is reordered.
     """
-    return _dequantize(tensor, dtype, _ops.dequantize_mx.eager())
+    return _dequantize(tensor, dtype, short_path())
 
 
-def _dequantize(tensor: MXTensor, dtype: torch.dtype, dequantize_mx) -> torch.Tensor:
-    """`dequantize` through `dequantize_mx`: the operator, or its body on the short path."""
+def dequantize_short(tensor: MXTensor, dtype: torch.dtype) -> torch.Tensor:
+    """`dequantize` for a caller on the short path of _eager.py (no operator)."""
+    return _dequantize(tensor, dtype, True)
+
+
+def _dequantize(tensor: MXTensor, dtype: torch.dtype, short: bool) -> torch.Tensor:
+    """`dequantize` through the dequantize_mx operator, or (`short`: on the short path of
+    _eager.py) its body after the checks, which an MXTensor's parts pass by construction."""
     data, scale, axis = tensor._data, tensor._scale_e8m0, tensor._block_dim
     with _no_subclass_functions():  # the wrapper's own metadata, without __torch_function__
         zero_dim, n = tensor.dim() == 0, tensor._block_dim_size
@@ -380,8 +434,12 @@ def _dequantize(tensor: MXTensor, dtype: torch.dtype, dequantize_mx) -> torch.Te
         order = None  # dims already in memory order
     if order is not None:
         data, scale, axis = data.permute(order), scale.permute(order), order.index(axis)
-    out = dequantize_mx(data, scale, tensor._elem_dtype.name, tensor._block_size, dtype, axis,
-                        block_dim_size=n)
+    if short:
+        out = _ops.dequantize_checked(data, scale, tensor._elem_dtype, tensor._block_size, dtype,
+                                      axis, n)
+    else:
+        out = torch.ops.torchmx.dequantize_mx(data, scale, tensor._elem_dtype.name,
+                                              tensor._block_size, dtype, axis, block_dim_size=n)
     if order is not None:
         out = out.permute([order.index(d) for d in range(len(order))])
     return out.reshape(()) if zero_dim else out
@@ -410,7 +468,7 @@ def _from_mx(tensor, dtype):
         with _no_subclass_functions():  # tensor.requires_grad: not through __torch_function__
             short = short_path(tensor)
     if short:
-        return _dequantize(tensor, _autograd.check_dequantize_dtype(dtype), _ops.dequantize_mx.fn)
+        return _dequantize(tensor, _autograd.check_dequantize_dtype(dtype), True)
     return _from_mx_function(tensor, dtype)
 
 

@@ -14,6 +14,7 @@ import torch
 
 from . import cpu_kernels, dtypes
 from ._library import custom_op
+from .kernels.quantize import backends
 from .kernels.quantize.backends import backend_for, triton_kernels
 from .numerics import arguments as args
 from .numerics.packing import packed_length
@@ -70,15 +71,31 @@ def quantize_mx(
     bytes; others 1 byte, int8 as torch.int8). A 0-d input is treated as a 1-element vector.
     Stochastic rounding without a seed draws one from torch's default generator.
     """
-    elem_dtype, axis = _accepted(
-        ("quantize", data_hp.dtype, data_hp.dim(), elem_dtype_name, type(block_size), block_size,
-         scale_mode, rounding, type(block_dim), block_dim),
-        _validate_quantize, data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim)
-    seed = args.resolve_seed(seed, rounding)
-    backend = backend_for(data_hp.device)
-    if backend == "cpu":
-        return cpu_kernels.quantize(data_hp, elem_dtype, block_size, scale_mode, rounding, axis, seed)
-    if backend == "triton":
+    key = ("quantize", data_hp.dtype, data_hp.dim(), elem_dtype_name, type(block_size),
+           block_size, scale_mode, rounding, type(block_dim), block_dim)
+    accepted = _ACCEPTED.get(key)
+    if accepted is None:
+        accepted = _accepted(key, _validate_quantize, data_hp, elem_dtype_name, block_size,
+                             scale_mode, rounding, block_dim)
+    seed = args.resolve_seed(seed, rounding) if rounding == "stochastic" else None
+    return quantize_checked(data_hp, accepted[0], block_size, scale_mode, rounding, accepted[1],
+                            seed)
+
+
+def _cpu_kernels_on() -> bool:
+    return not backends.FORCE_REFERENCE and cpu_kernels.available()
+
+
+def quantize_checked(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int,
+                     scale_mode: str, rounding: str, axis: int, seed: Optional[int]
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """quantize_mx's body after its checks (the format resolved, the block axis non-negative,
+    the seed drawn): the backend of data_hp's device. For callers whose arguments are known
+    valid (MXTensor.to_mx's own checks)."""
+    if data_hp.is_cpu and _cpu_kernels_on():
+        return cpu_kernels.quantize(data_hp, elem_dtype, block_size, scale_mode, rounding, axis,
+                                    seed)
+    if backend_for(data_hp.device) == "triton":
         return triton_kernels().quantize(
             data_hp, elem_dtype, block_size, scale_mode, rounding, axis, seed)
     return quantize_mx_reference(data_hp, elem_dtype, block_size, scale_mode=scale_mode,
@@ -116,18 +133,30 @@ def dequantize_mx(
     `block_dim_size` is the number of elements along block_dim; by default the data is taken to
     hold whole packing groups (only fp4 and fp6 can be ambiguous).
     """
-    elem_dtype, axis, n = _accepted(
-        ("dequantize", data_lp.dtype, data_lp.shape, data_lp.device, shared_exp_e8m0.dtype,
-         shared_exp_e8m0.shape, shared_exp_e8m0.device, elem_dtype_name, type(block_size),
-         block_size, target_dtype, type(block_dim), block_dim, type(block_dim_size),
-         block_dim_size),
-        check_dequantize_arguments, data_lp, shared_exp_e8m0, elem_dtype_name, block_size,
-        target_dtype, block_dim, block_dim_size)
-    backend = backend_for(data_lp.device)
-    if backend == "cpu":
+    key = ("dequantize", data_lp.dtype, data_lp.shape, data_lp.device, shared_exp_e8m0.dtype,
+           shared_exp_e8m0.shape, shared_exp_e8m0.device, elem_dtype_name, type(block_size),
+           block_size, target_dtype, type(block_dim), block_dim, type(block_dim_size),
+           block_dim_size)
+    accepted = _ACCEPTED.get(key)
+    if accepted is None:
+        accepted = _accepted(key, check_dequantize_arguments, data_lp, shared_exp_e8m0,
+                             elem_dtype_name, block_size, target_dtype, block_dim,
+                             block_dim_size)
+    elem_dtype, axis, n = accepted
+    return dequantize_checked(data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype,
+                              axis, n)
+
+
+def dequantize_checked(data_lp: torch.Tensor, shared_exp_e8m0: torch.Tensor,
+                       elem_dtype: dtypes.DType, block_size: int, target_dtype: torch.dtype,
+                       axis: int, n: int) -> torch.Tensor:
+    """dequantize_mx's body after its checks (the format resolved, the block axis
+    non-negative, the elements along it counted): the backend of data_lp's device. For
+    callers whose parts are known consistent (an MXTensor's)."""
+    if data_lp.is_cpu and _cpu_kernels_on():
         return cpu_kernels.dequantize(
             data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype, axis, n)
-    if backend == "triton":
+    if backend_for(data_lp.device) == "triton":
         return triton_kernels().dequantize(
             data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype, axis, n)
     return dequantize_mx_reference(data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype,

@@ -30,22 +30,27 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._eager import short_path
+from .. import ops as _ops
 from .._library import custom_op
-from ..mx_tensor import MXTensor, dequantize
+from ..mx_tensor import MXTensor, dequantize, dequantize_short
 from ..numerics.arguments import HIGH_PRECISION_DTYPES
 from . import export, layout, strict, weight_matmul
 from ._registry import implements, implements_torch_function
 from ._util import bind, describe
 
-__all__ = ["mx_matmul", "mx_linear"]
+__all__ = ["mx_matmul", "mx_linear", "exact_weight_linear"]
 
 aten = torch.ops.aten
 
 
 # ------------------------------------------------------------------------------ the custom ops
 
+def _fp32(t: Tensor) -> Tensor:
+    return t if t.dtype == torch.float32 else t.float()  # (.float() of fp32 is t itself)
+
+
 def _compute(self, other, bias, alpha, beta, out_dtype):
-    product = torch.matmul(self.float(), other.float())
+    product = torch.matmul(_fp32(self), _fp32(other))
     if alpha != 1:
         product = product * alpha
     if bias is not None and beta != 0:
@@ -53,9 +58,11 @@ def _compute(self, other, bias, alpha, beta, out_dtype):
         if not linear_bias and torch.broadcast_shapes(bias.shape, product.shape) != product.shape:
             raise RuntimeError(f"mx_matmul: bias of shape {tuple(bias.shape)} does not broadcast "
                                f"to the product's shape {tuple(product.shape)}")
-        bias = bias.float()
-        product = product + (bias if beta == 1 else bias * beta)
-    return product.to(out_dtype).contiguous()
+        bias = _fp32(bias)
+        product.add_(bias if beta == 1 else bias * beta)  # (the product is a new tensor)
+    if out_dtype != torch.float32:  # (.to(fp32) of the fp32 product is itself)
+        product = product.to(out_dtype)
+    return product.contiguous()
 
 
 @custom_op("torchmx::mx_matmul")
@@ -164,12 +171,15 @@ mx_linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 # ------------------------------------------------------------------------------ MX operands
 
+_LOGICAL_DTYPES = set(HIGH_PRECISION_DTYPES)
+
+
 def _logical_dtype(op_name: str, operands: dict) -> torch.dtype:
     """The one logical dtype (fp32, bf16 or fp16) all tensor operands share, else ValueError
     (not TypeError: `a @ b` would replace its message with its own)."""
     tensors = {k: t for k, t in operands.items() if isinstance(t, torch.Tensor)}
     seen = {t.dtype for t in tensors.values()}
-    if len(seen) != 1 or not seen <= set(HIGH_PRECISION_DTYPES):
+    if len(seen) != 1 or not seen <= _LOGICAL_DTYPES:
         raise ValueError(
             f"{op_name}: MX matmul operands must share one logical dtype among "
             f"{', '.join(map(str, HIGH_PRECISION_DTYPES))}; got "
@@ -177,15 +187,16 @@ def _logical_dtype(op_name: str, operands: dict) -> torch.dtype:
     return seen.pop()
 
 
-def _exact(op_name: str, operand_name: str, t, reduction_dim):
+def _exact(op_name: str, operand_name: str, t, reduction_dim, short: bool = False):
     """An operand as the exact fp32 values (MX) or as is (plain, None), after the layout check
-    (`reduction_dim` None: not a matmul factor, e.g. a bias)."""
+    (`reduction_dim` None: not a matmul factor, e.g. a bias); `short`: on the short path of
+    _eager.py."""
     if not isinstance(t, MXTensor):
         return t
     if reduction_dim is not None and t.dim() > 0:
         strict.check_reduction_layout(op_name, operand_name, t.block_dim, t.dim(),
                                       layout.normalize_dim(reduction_dim, t.dim()))
-    return dequantize(t, torch.float32)
+    return dequantize_short(t, torch.float32) if short else dequantize(t, torch.float32)
 
 
 def _other_reduction(other) -> int:
@@ -214,11 +225,31 @@ def _linear(x, w, bias, dtype: torch.dtype, out_dtype: torch.dtype, direct: bool
         fast = weight_matmul.route_linear(x, w, bias, out_dtype=dtype)
         if fast is not None:
             return fast
-    x, w = _exact("linear", "input", x, -1), _exact("linear", "weight", w, -1)
-    bias = _exact("linear", "bias", bias, None)
+    x, w = _exact("linear", "input", x, -1, direct), _exact("linear", "weight", w, -1, direct)
+    bias = _exact("linear", "bias", bias, None, direct)
     if direct:
         return _compute(x, _linear_other(w), bias, 1.0, 1.0, out_dtype)
     return _call(x, _linear_other(w), bias, out_dtype=out_dtype)
+
+
+def exact_weight_linear(x: Tensor, weight: MXTensor, bias: Optional[Tensor]) -> Tensor:
+    """F.linear(x, weight, bias) on the short path of _eager.py for a plain x, a 2-d MX weight
+    [N, K] blocked along K and a plain bias [N] or None, all of x's logical dtype, where no
+    kernel takes the product (`weight_matmul.kernels_on` False): the exact product of
+    the dequantized weight, computed as `_linear` computes it there."""
+    with torch._C.DisableTorchFunctionSubclass():  # the weight's metadata, read directly
+        return _exact_weight_linear(x, weight, bias)
+
+
+def _exact_weight_linear(x, weight, bias):
+    """exact_weight_linear, with MXTensor's __torch_function__ already disabled."""
+    data = weight._data
+    if data.is_contiguous():  # what `dequantize` does for it, without its layers
+        w = _ops.dequantize_checked(data, weight._scale_e8m0, weight._elem_dtype,
+                                    weight._block_size, torch.float32, 1, weight.shape[1])
+    else:
+        w = dequantize_short(weight, torch.float32)
+    return _compute(x, w.t(), bias, 1.0, 1.0, x.dtype)
 
 
 @implements(torch.ops.torchmx.mx_linear.default)
@@ -301,13 +332,25 @@ def _no_out(name, kwargs):
                         "out= (it returns a new tensor) and copy the result where you need it")
 
 
+_PLAIN_BIAS = (type(None), torch.Tensor, torch.nn.Parameter)
+
+
 @implements_torch_function(F.linear)
 def _linear_function(func, args, kwargs):
-    v = dict(zip(("input", "weight", "bias"), args), **kwargs)
+    if kwargs or not 2 <= len(args) <= 3:
+        v = dict(zip(("input", "weight", "bias"), args), **kwargs)
+    else:  # (positional arguments, the usual call: no dict to build)
+        v = {"input": args[0], "weight": args[1], "bias": args[2] if len(args) == 3 else None}
     x, w, bias = v["input"], v["weight"], v.get("bias")
-    if short_path(x, w, bias):  # what mx_linear's MXTensor handler runs, without the layers
-        # MXTensor's metadata (dim, shape, dtype) without a __torch_function__ round trip each
-        with torch._C.DisableTorchFunctionSubclass():
+    # MXTensor's metadata (requires_grad, dim, shape, dtype) without a __torch_function__ round
+    # trip each
+    with torch._C.DisableTorchFunctionSubclass():
+        if short_path(x, w, bias):  # what mx_linear's MXTensor handler runs, without the layers
+            if (type(x) is torch.Tensor and type(w) is MXTensor and type(bias) in _PLAIN_BIAS
+                    and w.dim() == 2 and w._block_dim == 1 and x.dtype == w.dtype
+                    and (bias is None or bias.dtype == x.dtype)
+                    and not weight_matmul.kernels_on(w)):
+                return _exact_weight_linear(x, w, bias)  # what _linear would compute, directly
             dtype = _logical_dtype("linear", v)
             return _linear(x, w, bias, dtype, dtype, direct=True)
     dtype = _logical_dtype("linear", v)

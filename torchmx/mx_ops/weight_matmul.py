@@ -32,7 +32,7 @@ from ..numerics import arguments as args
 from ..numerics.packing import packed_length
 
 __all__ = ["mx_weight_linear", "mx_mx_linear", "route", "route_linear", "KERNEL_DEVICES",
-           "kernel_linear", "bound_call", "cuda_kernels_on"]
+           "kernel_linear", "bound_call", "cuda_kernels_on", "kernels_on"]
 
 # Devices whose MX-weight matmuls run the kernels. Tests add "cpu" to run them under Triton's
 # interpreter.
@@ -53,6 +53,15 @@ def _kernels_usable(device: torch.device) -> bool:
     if kind not in KERNEL_DEVICES or backends.FORCE_REFERENCE:
         return False
     return kind != "cuda" or backends.triton_kernels() is not None
+
+
+def kernels_on(t: Tensor) -> bool:
+    """Whether products with an MX weight on t's device may run the kernels (`_route` may take
+    them); False means every such product takes the exact generic path. `t`: the weight, or
+    any tensor on its device (a plain one costs no __torch_function__ round trip)."""
+    if t.is_cpu:  # (the device object is not needed to tell)
+        return "cpu" in KERNEL_DEVICES and not backends.FORCE_REFERENCE
+    return _kernels_usable(t.device)
 
 
 _CHECKED = {}  # what _check_parts looks at, for the arguments it accepted -> the format

@@ -8,6 +8,7 @@ At forward the buffers are viewed as an MXTensor (`.weight`), the input is quant
 exact product, fp32 accumulation; a fused kernel where one exists).
 """
 
+import functools
 import weakref
 from typing import List, Optional
 
@@ -22,6 +23,7 @@ from ..config import QLinearConfig
 from ..kernels.layouts import fp4_wgmma_layout, mma_layout, tma_stream_layout
 from ..kernels.linear import dispatch as linear_dispatch
 from ..mx_ops import weight_matmul
+from ..mx_ops.matmul import exact_weight_linear
 from ..mx_ops.fragment_linear import mx_fp4_fragment_linear  # noqa: F401 - registers the op
 from ..mx_ops.piece_linear import mx_piece_linear  # noqa: F401 - registers the op
 from ..mx_ops.stream_linear import mx_stream_linear  # noqa: F401 - registers the op
@@ -89,6 +91,11 @@ def _packed_linear(x, weight_mx, bias, activations_config, prepacked):
             x, codes, scales, counters, weight_mx._scale_e8m0, weight_mx._data, elem_dtype_name,
             weight_mx.shape[1], bias, x.dtype)
     return F.linear(x, weight_mx, bias)
+
+
+def _exact_product(weight_mx, x, bias):
+    """_packed_linear(x, weight_mx, bias, None, None) where no kernel takes the product."""
+    return exact_weight_linear(x, weight_mx, bias)
 
 
 _LAYOUT_NAMES = {tma_stream_layout: "tma_stream", fp4_wgmma_layout: "fp4_wgmma", mma_layout: "mma"}
@@ -358,13 +365,13 @@ class MXInferenceLinear(nn.Module):
             if out is not None:
                 return out
         arguments.check_linear_input(self._describe, x, self.in_features)
-        bias = self.bias
+        bias = self._parameters["bias"]  # (not Module.__getattr__: forward asks at every call)
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)  # differentiable: the gradient reaches the bias in its dtype
-        compiling = torch.compiler.is_compiling()
+        compiling = _is_compiling()
         source = None if compiling else self._weight_source()
         prepacked = None
-        if self.weight_prepacked_codes is not None:
+        if self._buffers["weight_prepacked_codes"] is not None:
             if not compiling and self._prepacked_source != source:
                 self.prepack()  # the weight buffers were written or replaced since
             prepacked = (self._prepacked_layout, self.weight_prepacked_codes,
@@ -375,6 +382,14 @@ class MXInferenceLinear(nn.Module):
             return _PackedLinearFunction.apply(x, self._weight_mx(x.dtype), bias,
                                                self.qconfig.activations_config, prepacked)
         weight, kernel_parts = self._weight_view(x.dtype, source)
+        if (prepacked is None and self.qconfig.activations_config is None
+                and type(x) is torch.Tensor
+                and not weight_matmul.kernels_on(self._buffers["weight_data"])):
+            # no kernel on this device (CPU): what F.linear(x, weight, bias) computes, directly
+            if short_path(x, bias):
+                return exact_weight_linear(x, weight, bias)
+            return _PackedLinearFunction.apply(x, weight, bias, None, None, functools.partial(
+                _exact_product, weight))
         usable = (kernel_parts is not None  # its [1]: the weight's codes
                   and weight_matmul._kernels_usable(kernel_parts[1].device))
         if short_path(x, bias):
