@@ -39,8 +39,8 @@ def format_table(report: EncoderReport) -> str:
               "quantized alone on its full-precision input (dB);",
               "linear / model: bytes of the linear layers / of the whole model vs full precision "
               "(embeddings stay in full precision);",
-              "fwd ms: median forward time of the batch; vs fp: over the full-precision median, every "
-              "model timed in the same rounds."]
+              "fwd ms: median forward time of the batch; vs fp: median over rounds of the forward time / "
+              "full precision's in the same round (every model timed in each round)."]
     spread = timing_spread(report)
     if spread > NOISY_SPREAD:
         lines += ["", f"note: the calls of one model took up to {spread:.1f}x as long as its fastest: "
