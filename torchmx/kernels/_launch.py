@@ -29,26 +29,10 @@ import inspect
 
 import torch
 
-__all__ = ["launch", "Launch", "planned", "PLAN_LIMIT", "hooks_installed", "bound_product"]
+__all__ = ["launch", "Launch", "hooks_installed", "bound_product", "bind_weight"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
 _SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
-
-
-# Entries a plan table holds at most: past it (inputs of ever new shapes, e.g. a server's prompt
-# lengths) the table starts over rather than grow without bound.
-PLAN_LIMIT = 4096
-
-
-def planned(table: dict, key, make):
-    """table[key], made by `make()` on the first call with that key (a plan, or any decision
-    taken once per kind of input); the table starts over once it holds PLAN_LIMIT entries."""
-    plan = table.get(key)
-    if plan is None:
-        if len(table) >= PLAN_LIMIT:
-            table.clear()
-        plan = table[key] = make()
-    return plan
 
 
 def _signature(kernel):
@@ -230,3 +214,16 @@ def bound_product(main, reduce, out_shape: tuple, out_dtype: torch.dtype, device
         reduce(stream, partial_address, bias, address)
         return out
     return split_product
+
+
+def bind_weight(main: Launch, reduce, w_scale: torch.Tensor, w_data: torch.Tensor,
+                out_shape: tuple, out_dtype: torch.dtype, device: torch.device, partials_shape):
+    """`bound_product` of a linear plan whose main launch takes (x, w_data, w_scale, bias, out,
+    partials) and whose reduce launch, if any, (partials, bias, out): the weight's addresses
+    bound; None where either launch cannot be bound yet (`Launch.direct`)."""
+    bound_main = main.direct({1: w_data, 2: w_scale}, (0, 3, 4, 5))
+    bound_reduce = None if reduce is None else reduce.direct({}, (0, 1, 2))
+    if bound_main is None or (reduce is not None and bound_reduce is None):
+        return None
+    return bound_product(bound_main, bound_reduce, out_shape, out_dtype, device,
+                         None if reduce is None else partials_shape)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .._library import custom_op
-from ..kernels._launch import planned
+from .._memo import memo
 from ..numerics import arguments as args
 from ..numerics.packing import packed_length
 from .weight_matmul import _kernels_usable
@@ -49,7 +49,7 @@ def usable(input: Tensor, weight_scale: Tensor, weight_data: Tensor, elem_dtype_
            weight_scale.stride(), weight_data.shape, weight_data.stride(), weight_data.dtype,
            elem_dtype_name, block_size, pairs)
     from ..kernels.linear import dispatch
-    return planned(_ELIGIBLE, key, lambda: dispatch.routed_eligible(
+    return memo(_ELIGIBLE, key, lambda: dispatch.routed_eligible(
         input, weight_scale, weight_data, args.check_elem_dtype(elem_dtype_name), block_size,
         pairs))
 

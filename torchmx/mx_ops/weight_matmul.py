@@ -24,7 +24,8 @@ from torch import Tensor
 from .._eager import short_path
 from .._library import custom_op
 from .. import dtypes
-from ..kernels._launch import hooks_installed, planned
+from .._memo import memo
+from ..kernels._launch import hooks_installed
 from ..kernels.linear import dispatch as kernels
 from ..kernels.quantize import backends
 from ..mx_tensor import MXTensor, dequantize
@@ -143,7 +144,7 @@ def kernel_linear(input, weight_scale, weight_data, fmt: dtypes.DType, block_siz
     out = kernels.linear(input, weight_scale, weight_data, fmt, block_size, in_features, bias,
                          out_dtype)
     if key not in _BOUND and input.is_cuda and not hooks_installed():
-        planned(_BOUND, key, lambda: kernels.bound_linear(
+        memo(_BOUND, key, lambda: kernels.bound_linear(
             input, weight_scale, weight_data, fmt, block_size, in_features, bias,
             out_dtype) or False)
     return out

@@ -1,4 +1,4 @@
-"""kernels/_launch.py's key: what it must tell apart for Triton (checked against Triton's own
+"""kernels/_launch.py: its key, what it must tell apart for Triton (checked against Triton's own
 keys on the GPU in tests/mx_ops/test_gpu_short_path.py), and what it may share."""
 
 import pytest
@@ -67,3 +67,39 @@ def test_linear_plans_are_made_once_per_kind_of_product(monkeypatch):
             assert torch.equal(layer(x), reference(x, layer.weight))
     (_, _, (*_, own_plans)), = inference_linear._WEIGHT_VIEWS[layer].values()
     assert len(own_plans) == 1 and len(dispatch._PLANS) == 2
+
+
+class _Launch:
+    """A stand-in for _launch.Launch: records what `direct` was asked to bind."""
+
+    def __init__(self, bound):
+        self.bound, self.asked = bound, None
+
+    def direct(self, fixed, free):
+        self.asked = (fixed, free)
+        return self.bound
+
+
+def test_bind_weight_fixes_the_weights_slots_and_the_partials(monkeypatch):
+    from torchmx.kernels import _launch
+
+    made = []
+    monkeypatch.setattr(_launch, "bound_product", lambda *args: made.append(args) or "product")
+    w_scale, w_data = torch.zeros(4, 2, dtype=torch.uint8), torch.zeros(4, 32, dtype=torch.uint8)
+    main, reduce = _Launch("main"), _Launch("reduce")
+    cpu = torch.device("cpu")
+    assert _launch.bind_weight(main, reduce, w_scale, w_data, (1, 4), torch.bfloat16, cpu,
+                               (3, 1, 4)) == "product"
+    assert main.asked[1] == (0, 3, 4, 5) and main.asked[0][1] is w_data
+    assert main.asked[0][2] is w_scale and reduce.asked == ({}, (0, 1, 2))
+    assert made[-1] == ("main", "reduce", (1, 4), torch.bfloat16, cpu, (3, 1, 4))
+    # without a split-K reduce: no partials
+    assert _launch.bind_weight(_Launch("main"), None, w_scale, w_data, (1, 4), torch.float16,
+                               cpu, (3, 1, 4)) == "product"
+    assert made[-1] == ("main", None, (1, 4), torch.float16, cpu, None)
+    # a launch that cannot be bound yet (not compiled on this device, a launch hook): none
+    assert _launch.bind_weight(_Launch(None), reduce, w_scale, w_data, (1, 4), torch.bfloat16,
+                               cpu, (3, 1, 4)) is None
+    assert _launch.bind_weight(main, _Launch(None), w_scale, w_data, (1, 4), torch.bfloat16,
+                               cpu, (3, 1, 4)) is None
+    assert len(made) == 2

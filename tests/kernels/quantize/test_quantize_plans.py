@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 from formats import wide_range_input  # noqa: E402
 from torchmx import dtypes  # noqa: E402
-from torchmx.kernels import _launch  # noqa: E402
+from torchmx import _memo  # noqa: E402
 from torchmx.kernels.quantize import triton_backend as tb  # noqa: E402
 from torchmx.numerics import dequantize_mx_reference, quantize_mx_reference  # noqa: E402
 
@@ -157,7 +157,7 @@ def test_stochastic_rounding_is_planned_at_each_call():
 
 
 def test_empty_inputs_and_the_plan_limit(monkeypatch):
-    monkeypatch.setattr(_launch, "PLAN_LIMIT", 2)
+    monkeypatch.setattr(_memo, "MEMO_LIMIT", 2)
     empty = torch.empty(0, 64, dtype=torch.bfloat16, device=DEVICE)
     scale, data = _quantize(empty)
     assert scale.shape == (0, 2) and data.shape == (0, 32)

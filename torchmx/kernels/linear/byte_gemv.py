@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ... import dtypes
-from .._launch import Launch, bound_product
+from .._launch import Launch, bind_weight
 from .._tl_numerics import decode_value, scale_value, to_output
 from .._common import aligned, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import fp16_pair_to_f32, reduce_splits_kernel
@@ -342,10 +342,6 @@ class GemvPlan:
 
     def bind(self, w_scale, w_data, out_shape: tuple):
         """`f(x, bias) -> out` (out of `out_shape`) for this weight: the compiled kernels
-        called directly (`bound_product`), or None where they cannot be yet."""
-        main = self.main.direct({1: w_data, 2: w_scale}, (0, 3, 4, 5))
-        reduce = self.reduce.direct({}, (0, 1, 2)) if self.reduce is not None else None
-        if main is None or (self.reduce is not None and reduce is None):
-            return None
-        return bound_product(main, reduce, out_shape, self.out_dtype, self.device,
-                             (self.split, self.N) if reduce is not None else None)
+        called directly (`bind_weight`), or None where they cannot be yet."""
+        return bind_weight(self.main, self.reduce, w_scale, w_data, out_shape, self.out_dtype,
+                           self.device, (self.split, self.N))

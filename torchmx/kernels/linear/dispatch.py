@@ -44,7 +44,8 @@ import torch
 
 from ... import dtypes
 from .._common import block_m_for, interpreting, packed_decode_constants, sm_count
-from .._launch import Launch, bound_product, planned
+from ..._memo import memo
+from .._launch import Launch, bind_weight
 
 __all__ = ["SMALL_M", "supported", "linear", "bound_linear", "fused_linear",
            "dequantized_linear", "Config", "ROUTED_MAX_PAIRS", "routed_eligible", "routed_linear"]
@@ -255,13 +256,9 @@ class FusedPlan:
 
     def bind(self, w_scale, w_data, out_shape: tuple):
         """`f(x, bias) -> out` (out of `out_shape`) for this weight: the compiled kernels
-        called directly (`bound_product`), or None where they cannot be yet."""
-        main = self.main.direct({1: w_data, 2: w_scale}, (0, 3, 4, 5))
-        reduce = self.reduce.direct({}, (0, 1, 2)) if self.reduce is not None else None
-        if main is None or (self.reduce is not None and reduce is None):
-            return None
-        return bound_product(main, reduce, out_shape, self.out_dtype, self.device,
-                             (self.split_k, *self.out_shape) if reduce is not None else None)
+        called directly (`bind_weight`), or None where they cannot be yet."""
+        return bind_weight(self.main, self.reduce, w_scale, w_data, out_shape, self.out_dtype,
+                           self.device, (self.split_k, *self.out_shape))
 
 
 def _int32_offsets(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, M: int) -> bool:
@@ -472,7 +469,7 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
     if plans is None:
         plans = _PLANS
         key += _weight_key(w_scale, w_data, fmt, block_size, K)
-    plan = planned(plans, key,
+    plan = memo(plans, key,
                    lambda: _plan(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype))
     out = plan(x2, w_scale, w_data, bias)
     return out.reshape(*x.shape[:-1], w_scale.shape[0])
@@ -570,6 +567,6 @@ def routed_linear(x: torch.Tensor, experts: torch.Tensor, w_scale: torch.Tensor,
            w_data.stride(), w_data.data_ptr() & 15, w_scale.shape, w_scale.stride(),
            w_scale.data_ptr() & 15, None if bias is None else (bias.stride(), bias.data_ptr() & 15),
            per_row, swiglu)
-    plan = planned(_PLANS, key, lambda: RoutedPlan(x, experts, w_scale, w_data, fmt, block_size,
+    plan = memo(_PLANS, key, lambda: RoutedPlan(x, experts, w_scale, w_data, fmt, block_size,
                                                    bias, per_row, swiglu))
     return plan(x, experts, w_scale, w_data, bias)

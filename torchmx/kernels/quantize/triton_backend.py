@@ -36,7 +36,8 @@ from ...numerics.packing import packed_length
 from ...numerics.modes import ROUNDING_BY_NAME, SCALE_MODE_BY_NAME
 from ...numerics.rounding import seed_key
 from .._common import decode_constants, device_capability, interpreting
-from .._launch import Launch, launch, planned
+from ..._memo import memo
+from .._launch import Launch, launch
 
 __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "QuantizePlan",
            "DequantizePlan", "fake_quantize_rows", "fake_quantize_supported", "TUNING", "KNOBS"]
@@ -443,7 +444,7 @@ def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, s
         return QuantizePlan(x, elem_dtype, block_size, scale_mode, rounding, axis, seed)(x)
     key = ("quantize", x.shape, x.stride(), x.dtype, x.data_ptr() & 15, x.device, elem_dtype,
            block_size, scale_mode, rounding, axis)  # what QuantizePlan decides by
-    plan = planned(_PLANS, key, lambda: QuantizePlan(x, elem_dtype, block_size, scale_mode,
+    plan = memo(_PLANS, key, lambda: QuantizePlan(x, elem_dtype, block_size, scale_mode,
                                                      rounding, axis, None))
     return plan(x)
 
@@ -513,7 +514,7 @@ def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes
     key = ("dequantize", data_lp.shape, data_lp.stride(), data_lp.dtype, data_lp.data_ptr() & 15,
            scale_u8.shape, scale_u8.stride(), scale_u8.data_ptr() & 15, data_lp.device,
            elem_dtype, block_size, target_dtype, axis, n)  # what DequantizePlan decides by
-    plan = planned(_PLANS, key, lambda: DequantizePlan(data_lp, scale_u8, elem_dtype, block_size,
+    plan = memo(_PLANS, key, lambda: DequantizePlan(data_lp, scale_u8, elem_dtype, block_size,
                                                        target_dtype, axis, n))
     return plan(data_lp, scale_u8)
 
@@ -755,7 +756,7 @@ def fake_quantize_rows(x: torch.Tensor, elem_dtype: dtypes.DType, block_size: in
     arguments validated by the caller and `fake_quantize_supported`."""
     key = ("fake_quantize", x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, elem_dtype,
            block_size, scale_mode, rounding)
-    plan = planned(_PLANS, key,
+    plan = memo(_PLANS, key,
                    lambda: _fake_quantize_plan(x, elem_dtype, block_size, scale_mode, rounding))
     out = torch.empty_like(x)
     if out.numel():
