@@ -15,25 +15,15 @@
 """
 
 import os
-import socket
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import distributed_worker as w
-
-RANKS_TIMEOUT_S = 300  # a hung collective fails the tests instead of stalling the suite
+from forked_ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch.distributed is not built")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +32,7 @@ def ranks(tmp_path_factory):
     transformers' Llama too, which docs/distributed.md's script uses)."""
     import transformers.models.llama.modeling_llama  # noqa: F401
     out = str(tmp_path_factory.mktemp("distributed"))
-    ranks = mp.start_processes(w.run_rank, args=(out, _free_port()), nprocs=w.WORLD,
-                               join=False, start_method="fork")
-    deadline = time.monotonic() + RANKS_TIMEOUT_S
-    while not ranks.join(timeout=1):  # raises what a rank raised
-        if time.monotonic() > deadline:
-            for process in ranks.processes:
-                process.kill()
-            pytest.fail(f"the {w.WORLD} ranks did not finish in {RANKS_TIMEOUT_S} s")
-    results = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False)
-               for r in range(w.WORLD)]
-    return out, results
+    return out, run_ranks(w.run_rank, w.WORLD, out)
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,6 @@
 bits of the full path through autograd and the operators, and never synchronizes the host
 (torch.cuda.set_sync_debug_mode("error") turns a synchronization into an error)."""
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,19 +10,11 @@ import torchmx
 from torchmx import MXTensor
 from torchmx.config import MXConfig, QLinearConfig
 
+from matmul_operands import no_host_sync
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 FORMATS = ("float4_e2m1", "float8_e4m3", "float8_e5m2", "float6_e2m3", "int8")
-
-
-@contextlib.contextmanager
-def no_host_sync():
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 def full_path_linear(x, w_mx, bias=None):

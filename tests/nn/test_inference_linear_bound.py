@@ -3,8 +3,6 @@
 call after call, never synchronize, and step aside wherever the full forward must run (the
 weight written or replaced, prepack(), a gradient asked, an unaligned or strided input)."""
 
-import contextlib
-
 import pytest
 import torch
 
@@ -13,21 +11,13 @@ from torchmx.config import MXConfig, QLinearConfig
 from torchmx.mx_ops import weight_matmul
 from torchmx.nn import inference_linear
 
+from matmul_operands import no_host_sync
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 FORMATS = ("float4_e2m1", "float8_e4m3", "float6_e2m3", "int8")
 K, N = 4096, 256  # few output columns: the kernels split K (a reduce launch) at 1 and 16 rows
-
-
-@contextlib.contextmanager
-def no_host_sync():
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 def make_layer(fmt, bias, dtype=torch.bfloat16, seed=0):

@@ -1,5 +1,8 @@
 """Operands and checks shared by the MX matmul tests (test_mx_weight_matmul.py,
-test_mx_matmul_large.py, test_byte_gemv.py, test_mma_linear.py, test_stream_linear.py)."""
+test_mx_matmul_large.py, test_byte_gemv.py, test_mma_linear.py, test_stream_linear.py,
+test_gpu_short_path.py, test_inference_linear_bound.py)."""
+
+import contextlib
 
 import torch
 
@@ -66,3 +69,14 @@ def assert_graph_replay_matches_eager(call):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """A block in which any CUDA call that waits for the GPU (a host sync) raises."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
