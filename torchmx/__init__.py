@@ -20,6 +20,10 @@ from .quant_api import prepare_qat_, quantize_linear_, quantize_llm_  # noqa: E4
 # Every torchmx operator exists once torchmx is imported (a saved torch.export program that
 # calls one loads in a fresh process): the routed-experts operator too.
 from .mx_ops import routed_linear as _routed_linear  # noqa: E402,F401
+# The MX linear whose kernel launches torch.compile makes itself, where CUDA and Triton are
+# (defined last: it imports the kernel modules, which import the rest of torchmx).
+from .mx_ops import weight_matmul_compiled as _weight_matmul_compiled  # noqa: E402
+_weight_matmul_compiled.define_where_usable()
 
 __all__ += ["MXConfig", "QLinearConfig", "QLinearGradConfig", "QAttentionConfig", "MXLinear",
             "MXInferenceLinear", "quantize_linear_", "prepare_qat_", "quantize_llm_"]

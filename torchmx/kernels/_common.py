@@ -46,8 +46,22 @@ def block_m_for(M: int) -> int:
 
 
 def aligned(t: torch.Tensor, to: int = 16) -> bool:
-    """The tensor's first byte lies on a `to`-byte boundary (meta tensors always do)."""
-    return t.device.type == "meta" or t.data_ptr() % to == 0
+    """The tensor's first byte lies on a `to`-byte boundary (meta tensors always do). For a
+    tensor that torch.compile traces (fake or functional: no address), its offset from its
+    storage's start does: inductor keeps a graph's inputs 16-byte aligned (it copies the
+    misaligned ones) and allocates its own buffers aligned."""
+    if t.device.type == "meta":
+        return True
+    if isinstance(t, _traced_types()):
+        return t.storage_offset() * t.element_size() % to == 0
+    return t.data_ptr() % to == 0
+
+
+@functools.lru_cache(maxsize=None)
+def _traced_types() -> tuple:
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    return FakeTensor, FunctionalTensor
 
 
 @functools.lru_cache(maxsize=None)

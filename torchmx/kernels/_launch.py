@@ -23,13 +23,18 @@ Measured on an H200 host (benchmarks/profile_linear_launch.py): `kernel[grid](..
 
 Off CUDA (Triton's interpreter) and while a launch hook is installed (Triton's profilers),
 every call takes `kernel[grid]` itself.
+
+`Launch.traced` and `traced_product` are the same launches for torch.compile: recorded by
+`torch.library.wrap_triton` in the body of a `torch.library.triton_op`, so that inductor's
+generated code launches the kernels itself (mx_ops/weight_matmul_compiled.py).
 """
 
 import inspect
 
 import torch
 
-__all__ = ["launch", "Launch", "hooks_installed", "bound_product", "bind_weight"]
+__all__ = ["launch", "Launch", "hooks_installed", "bound_product", "bind_weight",
+           "traced_product"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
 _SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
@@ -144,6 +149,16 @@ class Launch:
         compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device),
                      compiled.function, compiled.packed_metadata, None, None, None, *values)
 
+    def traced(self, *tensors) -> None:
+        """The launch with `tensors` at its slots through `torch.library.wrap_triton`: recorded
+        into the graph when torch.compile traces a triton_op's body; a plain `kernel[grid]`
+        where nothing traces (wrap_triton then returns the kernel itself)."""
+        from torch.library import wrap_triton
+        args = self.args.copy()
+        for slot, tensor in zip(self.slots, tensors):
+            args[slot] = tensor
+        wrap_triton(self.kernel)[self.grid](*args, **self.kwargs)
+
     def direct(self, fixed: dict, free: tuple):
         """For the current CUDA device, once a call compiled the kernel there: a function
         `f(stream, *values)` that launches it with the arguments of the first call, except
@@ -227,3 +242,22 @@ def bind_weight(main: Launch, reduce, w_scale: torch.Tensor, w_data: torch.Tenso
         return None
     return bound_product(bound_main, bound_reduce, out_shape, out_dtype, device,
                          None if reduce is None else partials_shape)
+
+
+def traced_product(main: Launch, reduce, operands: tuple, bias, out_shape: tuple,
+                   out_dtype: torch.dtype, device: torch.device, partials_shape):
+    """What a linear plan's call computes, through `Launch.traced`: `main`'s slots take
+    `operands` (the input first, then the weight's tensors), the bias, the output and the fp32
+    split-K partials (of `partials_shape`, where `reduce` is not None); `reduce`'s slots take
+    the partials, the bias and the output. A slot that its launch does not read (an absent
+    bias, partials without a split) takes the input, which no launch writes: torch.compile
+    then sees the fresh output (and partials) as the only tensors written."""
+    x = operands[0]
+    out = torch.empty(out_shape, dtype=out_dtype, device=device)
+    partials = (x if reduce is None
+                else torch.empty(partials_shape, dtype=torch.float32, device=device))
+    bias = x if bias is None else bias
+    main.traced(*operands, bias, out, partials)
+    if reduce is not None:
+        reduce.traced(partials, bias, out)
+    return out

@@ -31,6 +31,7 @@ from ..kernels.quantize import backends
 from ..mx_tensor import MXTensor, dequantize
 from ..numerics import arguments as args
 from ..numerics.packing import packed_length
+from . import weight_matmul_compiled
 
 __all__ = ["mx_weight_linear", "mx_mx_linear", "route", "route_linear", "KERNEL_DEVICES",
            "kernel_linear", "bound_call", "cuda_kernels_on", "kernels_on"]
@@ -285,5 +286,14 @@ def _route(a, w, k_dim: int, bias, out_dtype: torch.dtype) -> Optional[Tensor]:
         if out is not None:
             return out
         return kernel_linear(a, scale, data, w.elem_dtype, w.block_size, K, bias, out_dtype, key)
-    return torch.ops.torchmx.mx_weight_linear(a, scale, data, w.elem_dtype.name, w.block_size,
-                                              K, bias, out_dtype)
+    op = torch.ops.torchmx.mx_weight_linear
+    if a.is_cuda and _compiling_not_exporting() and weight_matmul_compiled.defined():
+        op = torch.ops.torchmx.mx_weight_linear_triton  # its launches inlined by inductor
+    return op(a, scale, data, w.elem_dtype.name, w.block_size, K, bias, out_dtype)
+
+
+def _compiling_not_exporting() -> bool:
+    """torch.compile traces the call (its graph capture or, for MXTensor's handlers, the
+    dispatch that AOT autograd traces), torch.export does not."""
+    return torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ... import dtypes
-from .._launch import Launch, bind_weight
+from .._launch import Launch, bind_weight, traced_product
 from .._tl_numerics import decode_value, scale_value, to_output
 from .._common import aligned, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import fp16_pair_to_f32, reduce_splits_kernel
@@ -345,3 +345,8 @@ class GemvPlan:
         called directly (`bind_weight`), or None where they cannot be yet."""
         return bind_weight(self.main, self.reduce, w_scale, w_data, out_shape, self.out_dtype,
                            self.device, (self.split, self.N))
+
+    def traced(self, x, w_scale, w_data, bias) -> torch.Tensor:
+        """The call's product through torch.library.wrap_triton (`traced_product`)."""
+        return traced_product(self.main, self.reduce, (x, w_data, w_scale), bias, (1, self.N),
+                              self.out_dtype, self.device, (self.split, self.N))

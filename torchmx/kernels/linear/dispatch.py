@@ -43,11 +43,11 @@ from typing import Optional
 import torch
 
 from ... import dtypes
-from .._common import block_m_for, interpreting, packed_decode_constants, sm_count
+from .._common import aligned, block_m_for, interpreting, packed_decode_constants, sm_count
 from ..._memo import memo
-from .._launch import Launch, bind_weight
+from .._launch import Launch, bind_weight, traced_product
 
-__all__ = ["SMALL_M", "supported", "linear", "bound_linear", "fused_linear",
+__all__ = ["SMALL_M", "supported", "linear", "bound_linear", "traced_linear", "fused_linear",
            "dequantized_linear", "Config", "ROUTED_MAX_PAIRS", "routed_eligible", "routed_linear"]
 
 # Up to this many activation rows the fused kernel beats dequantize + cuBLAS (measured on an
@@ -158,7 +158,7 @@ def _whole_words(fmt: dtypes.DType, w_data: torch.Tensor, K: int) -> bool:
     """fp4 / fp6 rows that the kernel may read as aligned 32-bit words (of 8 / 16 codes)."""
     codes = {2: 8, 4: 16}.get(fmt.codes_per_group)
     return (codes is not None and K % codes == 0 and w_data.stride(1) == 1
-            and w_data.stride(0) % 4 == 0 and w_data.data_ptr() % 4 == 0)
+            and w_data.stride(0) % 4 == 0 and aligned(w_data, 4))
 
 
 def _read_words(fmt: dtypes.DType, w_data: torch.Tensor, K: int, variant: int,
@@ -259,6 +259,12 @@ class FusedPlan:
         called directly (`bind_weight`), or None where they cannot be yet."""
         return bind_weight(self.main, self.reduce, w_scale, w_data, out_shape, self.out_dtype,
                            self.device, (self.split_k, *self.out_shape))
+
+    def traced(self, x, w_scale, w_data, bias) -> torch.Tensor:
+        """The call's product through torch.library.wrap_triton (`traced_product`)."""
+        return traced_product(self.main, self.reduce, (x, w_data, w_scale), bias,
+                              self.out_shape, self.out_dtype, self.device,
+                              (self.split_k, *self.out_shape))
 
 
 def _int32_offsets(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, M: int) -> bool:
@@ -495,6 +501,30 @@ def bound_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
         key += _weight_key(w_scale, w_data, fmt, block_size, K)
     bind = getattr(plans.get(key), "bind", None)
     return None if bind is None else bind(w_scale, w_data, (*x.shape[:-1], w_scale.shape[0]))
+
+
+def traced_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
+                  fmt: dtypes.DType, block_size: int, K: int, bias: Optional[torch.Tensor],
+                  out_dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """`linear`'s product with its plan's kernel launches made through
+    torch.library.wrap_triton (the plans' `traced`), for the body of a triton_op that
+    torch.compile traces on fake tensors (mx_ops/weight_matmul_compiled.py): the plan is
+    built from the operands' shapes, strides, dtypes and storage offsets, as `linear` builds
+    it. None where the plan is not Triton launches alone (dequantize + cuBLAS, an empty
+    product, a launch torch.compile cannot make) or a shape or stride is symbolic."""
+    x2 = x.reshape(-1, K)
+    if x2.shape[0] <= SMALL_M:
+        x2 = x2.contiguous()
+    if bias is not None:
+        bias = bias.contiguous()
+    sizes = (*x2.shape, *x2.stride(), *w_data.shape, *w_data.stride(), *w_scale.shape,
+             *w_scale.stride())
+    if not all(type(size) is int for size in sizes):
+        return None
+    traced = getattr(_plan(x2, w_scale, w_data, fmt, block_size, K, bias, out_dtype),
+                     "traced", None)
+    out = None if traced is None else traced(x2, w_scale, w_data, bias)
+    return None if out is None else out.reshape(*x.shape[:-1], w_scale.shape[0])
 
 
 # Routed pairs per launch up to which routed_linear takes them (16 decode tokens x top-4 of

@@ -72,7 +72,7 @@ from ..layouts.mma_layout import check_pieces
 from .fp4_wgmma_matmul import check_tile, split_steps, store_out, store_split, usable_on
 from .._common import aligned, block_m_for, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import reduce_splits_kernel
-from .._launch import Launch, bound_product
+from .._launch import Launch, bound_product, traced_product
 
 __all__ = ["MmaConfig", "FAST_SCALES", "check_pieces", "default_config", "eligible", "mma_linear"]
 
@@ -903,3 +903,13 @@ class MmaPlan:
             return None
         return bound_product(main, reduce, out_shape, self.out_dtype, self.device,
                              (self.split, *self.out_shape) if self.split > 1 else None)
+
+    def traced(self, x, w_scale, w_data, bias):
+        """The call's product through torch.library.wrap_triton (`traced_product`), for a
+        plan made without pieces whose launch sets no register cap (`maxnreg`, which
+        torch.compile does not pass on to a kernel it launches); else None."""
+        if self.pieces or "maxnreg" in self.main.kwargs:
+            return None
+        return traced_product(self.main, self.reduce, (x, w_data, w_scale, w_data, w_scale,
+                                                       w_scale), bias, self.out_shape,
+                              self.out_dtype, self.device, (self.split, *self.out_shape))

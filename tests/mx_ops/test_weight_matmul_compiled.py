@@ -1,0 +1,186 @@
+"""torch.ops.torchmx.mx_weight_linear_triton (torchmx/mx_ops/weight_matmul_compiled.py): the MX
+linear whose Triton launches torch.compile makes itself.
+
+On CPU its launches run under Triton's interpreter (torch.library.wrap_triton hands back the
+kernel itself when nothing traces): every plan kind, split or not, gives mx_weight_linear's
+bits, and the products without a Triton plan fall back to mx_weight_linear. On a GPU,
+torch.compile's graphs hold the kernel launches instead of the operator, write only the
+outputs they allocate (no copy of a weight), and give eager's bits.
+"""
+
+import pytest
+import torch
+
+from torchmx import MXTensor, quantize_linear_
+from torchmx.config import MXConfig, QLinearConfig
+from torchmx.kernels.linear import dispatch
+from torchmx.mx_ops import weight_matmul, weight_matmul_compiled
+
+from matmul_operands import DEVICE, integer_operands, reference
+
+CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu  # the same checks run on the GPU where there is one
+
+BF16, FP16 = torch.bfloat16, torch.float16
+# (format, M, N, K, activation dtype, bias, the plan that `linear` builds for the product)
+TRACED = [
+    ("float4_e2m1", 1, 64, 256, BF16, False, "FusedPlan"),
+    ("float4_e2m1", 3, 16, 128, FP16, True, "FusedPlan split"),
+    ("float8_e4m3", 1, 16, 256, BF16, True, "GemvPlan"),
+    ("int8", 1, 16, 8192, FP16, True, "GemvPlan split"),
+    ("float4_e2m1", 16, 64, 256, BF16, True, "MmaPlan"),
+    ("float4_e2m1", 16, 64, 512, BF16, False, "MmaPlan split"),
+    # on sm_90 a launch with a register cap, which torch.compile cannot make: the operator
+    ("float8_e5m2", 16, 64, 1024, BF16, False, "MmaPlan split"),
+]
+FALLBACK = [  # dequantize + cuBLAS (or its CPU counterpart): no Triton plan
+    ("float6_e2m3", 3, 20, 64, BF16),
+    ("float8_e4m3", 70, 16, 64, BF16),
+]
+
+
+@pytest.fixture
+def kernels_on_cpu(monkeypatch):
+    """The kernels on CPU too (Triton's interpreter), as on the GPU."""
+    monkeypatch.setattr(weight_matmul, "KERNEL_DEVICES", {"cuda", "cpu"})
+
+
+@pytest.fixture(scope="module")
+def op():
+    weight_matmul_compiled.define()
+    return torch.ops.torchmx.mx_weight_linear_triton
+
+
+def _parts(w: MXTensor, fmt_name: str, K: int):
+    return w._scale_e8m0, w._data, fmt_name, 32, K
+
+
+def _plan_kind(x, w, K, bias, dtype) -> str:
+    plan = dispatch._plan(x, w._scale_e8m0, w._data, w.elem_dtype, 32, K, bias, dtype)
+    split = getattr(plan, "reduce", None) is not None
+    return type(plan).__name__ + (" split" if split else "")
+
+
+@pytest.fixture
+def traced_outputs(monkeypatch):
+    """What each call of dispatch.traced_linear returned (None: the operator fell back)."""
+    outputs = []
+
+    def spy(*args):
+        outputs.append(traced_linear(*args))
+        return outputs[-1]
+    traced_linear = dispatch.traced_linear
+    monkeypatch.setattr(dispatch, "traced_linear", spy)
+    return outputs
+
+
+@pytest.mark.parametrize("fmt,M,N,K,dtype,with_bias,kind", TRACED, ids=str)
+def test_traced_launches_give_the_operators_bits(kernels_on_cpu, op, traced_outputs, fmt, M, N,
+                                                 K, dtype, with_bias, kind):
+    x, w = integer_operands(fmt, M, N, K, dtype)
+    bias = torch.randint(-8, 9, (N,)).to(dtype).to(DEVICE) if with_bias else None
+    assert _plan_kind(x, w, K, bias, dtype) == kind  # the case covers what it says
+    expected = torch.ops.torchmx.mx_weight_linear(x, *_parts(w, fmt, K), bias, dtype)
+    out = op(x, *_parts(w, fmt, K), bias, dtype)
+    capped = CUDA and fmt == "float8_e5m2"
+    assert len(traced_outputs) == 1 and (traced_outputs[0] is None) == capped
+    assert out.dtype == dtype and torch.equal(out, expected)
+    assert torch.equal(expected, reference(x, w, bias))  # exact sums: any order, same bits
+
+
+@pytest.mark.parametrize("fmt,M,N,K,dtype", FALLBACK, ids=str)
+def test_products_without_a_triton_plan_fall_back_to_mx_weight_linear(
+        kernels_on_cpu, op, traced_outputs, fmt, M, N, K, dtype):
+    x, w = integer_operands(fmt, M, N, K, dtype)
+    expected = torch.ops.torchmx.mx_weight_linear(x, *_parts(w, fmt, K), None, dtype)
+    assert torch.equal(op(x, *_parts(w, fmt, K), None, dtype), expected)
+    assert traced_outputs == [None]
+
+
+def test_batched_input_keeps_its_leading_dims(kernels_on_cpu, op):
+    x, w = integer_operands("float4_e2m1", 6, 64, 256)
+    x3 = x.reshape(2, 3, 256)
+    out = op(x3, *_parts(w, "float4_e2m1", 256), None, BF16)
+    assert out.shape == (2, 3, 64)
+    assert torch.equal(out, torch.ops.torchmx.mx_weight_linear(
+        x3, *_parts(w, "float4_e2m1", 256), None, BF16))
+
+
+def test_bad_arguments_are_named(op):
+    x, w = integer_operands("float8_e4m3", 1, 64, 256)
+    with pytest.raises(ValueError, match="in_features"):
+        op(x[:, :128], *_parts(w, "float8_e4m3", 256), None, BF16)
+    with pytest.raises(ValueError, match="bias"):
+        op(x, *_parts(w, "float8_e4m3", 256), torch.zeros(3, dtype=BF16, device=DEVICE), BF16)
+    with pytest.raises(ValueError, match="elem_dtype"):
+        op(x, w._scale_e8m0, w._data, "float9", 32, 256, None, BF16)
+
+
+# ---- torch.compile on a GPU ------------------------------------------------------------------
+
+# (format, rows, whether inductor launches the kernels itself): MXFP8 at 16 rows takes the
+# tensor-core kernel with a register cap, which torch.compile cannot pass on; 80 rows take
+# dequantize + cuBLAS.
+COMPILED = [("float4_e2m1", 1, True), ("float8_e4m3", 1, True), ("float4_e2m1", 16, True),
+            ("float8_e4m3", 16, False), ("float4_e2m1", 80, False)]
+_OUTPUTS = {"out_ptr", "ws_ptr", "partials_ptr"}  # the kernels' output and partials arguments
+
+
+def _model(fmt: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.SiLU(),
+                                torch.nn.Linear(256, 128, bias=False))
+    model = model.to(device="cuda", dtype=BF16)
+    quantize_linear_(model, QLinearConfig(MXConfig(fmt), None))
+    return model
+
+
+def _forward_graph(model, x):
+    """The functional graph torch.compile hands its backend for model(x)."""
+    from torch._dynamo.backends.common import aot_autograd
+    graphs = []
+
+    def keep(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    torch.compile(model, backend=aot_autograd(fw_compiler=keep))(x)
+    return graphs[0]
+
+
+@pytest.mark.skipif(not CUDA, reason="torch.compile of the CUDA kernels")
+@pytest.mark.parametrize("fmt,rows,inlined", COMPILED, ids=str)
+@torch.no_grad()
+def test_compiled_graph_launches_the_kernels(fmt, rows, inlined):
+    model = _model(fmt)
+    x = torch.randn(rows, 512, device="cuda", dtype=BF16)
+    graph = _forward_graph(model, x)
+    targets = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
+    launches = [node for node in graph.graph.nodes if node.op == "call_function"
+                and node.target is torch.ops.higher_order.triton_kernel_wrapper_functional]
+    opaque = [t for t in targets if "torchmx.mx_weight_linear" in t]
+    if inlined:
+        assert launches and not opaque, targets
+    else:
+        assert not launches and len(opaque) == 2, targets
+    for node in launches:  # no weight, input or bias is copied for the launch
+        assert set(node.kwargs["tensors_to_clone"]) <= _OUTPUTS, node.kwargs["tensors_to_clone"]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    for _ in range(2):
+        assert torch.equal(compiled(x), model(x))
+
+
+@pytest.mark.skipif(not CUDA, reason="torch.compile of the CUDA kernels")
+@torch.no_grad()
+def test_export_keeps_mx_weight_linear():
+    """Saved programs name mx_weight_linear: torch.export does not take the triton_op."""
+    model = _model("float4_e2m1")
+    x = torch.randn(1, 512, device="cuda", dtype=BF16)
+    program = torch.export.export(model, (x,))
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert any("torchmx.mx_weight_linear.default" in t for t in targets), targets
+    assert not any("mx_weight_linear_triton" in t or "triton_kernel_wrapper" in t
+                   for t in targets), targets
+    assert torch.equal(program.module()(x), model(x))
