@@ -408,8 +408,10 @@ def _label_phases():
                 return fn(*args, **kwargs)
         return call
 
-    for name in ("fsdp_pre_all_gather", "fsdp_post_all_gather"):
-        setattr(MXAllGatherWeight, name, labelled(getattr(MXAllGatherWeight, name), f"mx::{name}"))
+    # fsdp_pre_all_gather is a property handing out a hook that calls _pre_all_gather
+    for name, label in (("_pre_all_gather", "fsdp_pre_all_gather"),
+                        ("fsdp_post_all_gather", "fsdp_post_all_gather")):
+        setattr(MXAllGatherWeight, name, labelled(getattr(MXAllGatherWeight, name), f"mx::{label}"))
     _MXLinearFunction.forward = staticmethod(labelled(_MXLinearFunction.forward,
                                                       "mx::linear_forward"))
     _MXLinearFunction.backward = staticmethod(labelled(_MXLinearFunction.backward,

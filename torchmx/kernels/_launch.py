@@ -92,7 +92,7 @@ def launch(kernel, grid, *args, **kwargs):
     _, known, _, constexpr = _signature(kernel)
     values = _values(kernel, args, kwargs)
     options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in known))
-    device = torch.cuda.current_device()
+    device = torch._C._cuda_getDevice()
     key = (kernel, device, options, _key(values, constexpr))
     compiled = _COMPILED.get(key)
     if compiled is None:
@@ -124,7 +124,8 @@ class Launch:
     def __call__(self, *tensors) -> None:
         compiled = None
         if self._values is not None:
-            device = torch.cuda.current_device()
+            # the C getter: torch.cuda.current_device() adds two Python calls per launch
+            device = torch._C._cuda_getDevice()
             compiled = self._compiled.get(device)
         if compiled is None or hooks_installed():
             args = self.args.copy()
@@ -155,7 +156,7 @@ class Launch:
         installed, or before a first call on this device."""
         if self._values is None or hooks_installed():
             return None
-        compiled = self._compiled.get(torch.cuda.current_device())
+        compiled = self._compiled.get(torch._C._cuda_getDevice())
         if compiled is None:
             return None
         values = self._values.copy()
