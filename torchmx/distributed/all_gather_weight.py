@@ -94,6 +94,8 @@ class MXAllGatherWeight(torch.Tensor):
             for t in wrappers:
                 t._gathered = None
         out = func(*args, **kwargs)
+        if out is None:  # the optimizer's in-place foreach ops: nothing to rewrap
+            return None
         inputs = {id(t.hp): t for t in wrappers}
         config = wrappers[0].config
         keep = func in _KEEP_WRAPPER
@@ -105,7 +107,7 @@ class MXAllGatherWeight(torch.Tensor):
 
         if isinstance(out, torch.Tensor):
             return rewrap(out)
-        return out if out is None else tree_map_only(torch.Tensor, rewrap, out)
+        return tree_map_only(torch.Tensor, rewrap, out)
 
     # torch.compile traces through the wrapper
     def __tensor_flatten__(self):
@@ -216,7 +218,17 @@ def _unwrap(value, wrappers: list):
         return value.hp
     kind = type(value)
     if kind is list or kind is tuple:
-        return kind([_unwrap(v, wrappers) for v in value])
+        items = []
+        for v in value:  # the elements' common cases inline: a list holds every parameter
+            item_kind = type(v)
+            if item_kind is MXAllGatherWeight:
+                wrappers.append(v)
+                v = v.hp
+            elif item_kind is list or item_kind is tuple or item_kind is dict \
+                    or isinstance(v, MXAllGatherWeight):
+                v = _unwrap(v, wrappers)
+            items.append(v)
+        return kind(items)
     if kind is dict:
         return {k: _unwrap(v, wrappers) for k, v in value.items()}
     return value
