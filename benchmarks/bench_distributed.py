@@ -408,15 +408,17 @@ def _label_phases():
                 return fn(*args, **kwargs)
         return call
 
-    for name in ("fsdp_pre_all_gather", "fsdp_post_all_gather"):
-        setattr(MXAllGatherWeight, name, labelled(getattr(MXAllGatherWeight, name), f"mx::{name}"))
+    # fsdp_pre_all_gather is a property handing out a hook that calls _pre_all_gather
+    for name, label in (("_pre_all_gather", "fsdp_pre_all_gather"),
+                        ("fsdp_post_all_gather", "fsdp_post_all_gather")):
+        setattr(MXAllGatherWeight, name, labelled(getattr(MXAllGatherWeight, name), f"mx::{label}"))
     _MXLinearFunction.forward = staticmethod(labelled(_MXLinearFunction.forward,
                                                       "mx::linear_forward"))
     _MXLinearFunction.backward = staticmethod(labelled(_MXLinearFunction.backward,
                                                        "mx::linear_backward"))
 
 
-def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None):
+def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None, batch=1):
     """`steps` profiled training steps of `recipe` on rank 0 (after 3 warm-up steps): the time
     each phase holds the host (ms per step; ranges nest, so rows overlap) and the device time of
     the kernels it launched, then the kernels that take the most device time."""
@@ -429,7 +431,7 @@ def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def train_step(step):
-        ids = tokens(step, rank, size, device, world)
+        ids = tokens(step, rank, size, device, world, batch)
         with record_function("step::forward"):
             loss = step_loss(model, ids)
         with record_function("step::backward"):
@@ -477,7 +479,8 @@ def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None):
         with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
         os.remove(path)
-    say(f"\n## profile: {name} ({steps} steps on rank 0, profiler on)")
+    say(f"\n## profile: {name}, {batch} sequence{'s' if batch > 1 else ''} per rank ({steps} steps on "
+        f"rank 0, profiler on)")
     say(f"step without the profiler {statistics.median(unprofiled) * 1e3:.1f} ms; "
         f"with it: wall {statistics.median(wall) * 1e3:.1f} ms, host queued the step in "
         f"{statistics.median(host) * 1e3:.1f} ms, kernels (all streams) {busy:.1f} ms")
@@ -505,7 +508,7 @@ def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None):
         say(f"{e.key[:80]:80} {e.count // steps:6d} {e.self_cpu_time_total / 1e3 / steps:8.2f}")
 
 
-def python_profile_recipe(name, size, device, rank, world, steps, say, top=30):
+def python_profile_recipe(name, size, device, rank, world, steps, say, top=30, batch=1):
     """cProfile over `steps` training steps of `recipe` on rank 0 (after 3 warm-up steps): the
     Python functions that hold the host longest (own time and with callees, ms per step), where
     a host-bound step spends its time. cProfile slows Python calls: compare rows, not totals."""
@@ -519,7 +522,7 @@ def python_profile_recipe(name, size, device, rank, world, steps, say, top=30):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def train_step(step):
-        loss = step_loss(model, tokens(step, rank, size, device, world))
+        loss = step_loss(model, tokens(step, rank, size, device, world, batch))
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -542,7 +545,8 @@ def python_profile_recipe(name, size, device, rank, world, steps, say, top=30):
         return
     stats = pstats.Stats(profiler).stats  # (file, line, function) -> (cc, calls, tt, ct, callers)
     total = sum(tt for _, _, tt, _, _ in stats.values())
-    say(f"\n## python profile: {name} ({steps} steps on rank 0, cProfile on): "
+    say(f"\n## python profile: {name}, {batch} sequence{'s' if batch > 1 else ''} per rank ({steps} "
+        f"steps on rank 0, cProfile on): "
         f"{total * 1e3 / steps:.1f} ms of host time per step")
     for order, label in ((2, "own"), (3, "with callees")):
         say(f"{'function (' + label + ' time)':86} {'calls':>6} {'own ms':>8} {'cum ms':>8}")
@@ -566,7 +570,8 @@ def main():
                              "ratios: each round against its own bf16, median over rounds")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per recipe")
     parser.add_argument("--batch", type=int, nargs="+", default=[1],
-                        help="sequences per rank in the timed steps (one table each)")
+                        help="sequences per rank in the timed steps (one table each); "
+                             "--profile and --python-profile take the first")
     parser.add_argument("--save", default=None, help="also write the printed output here")
     parser.add_argument("--recipes", nargs="+", choices=tuple(RECIPES), default=list(RECIPES),
                         help="the recipes timed (bf16, the baseline, always)")
@@ -614,12 +619,13 @@ def main():
 
     if args.python_profile is not None:
         for recipe in args.python_profile or RECIPES:
-            python_profile_recipe(recipe, size, device, rank, world, args.profile_steps, say)
+            python_profile_recipe(recipe, size, device, rank, world, args.profile_steps, say,
+                                  batch=args.batch[0])
     if args.profile is not None:
         _label_phases()
         for recipe in args.profile or RECIPES:
             profile_recipe(recipe, size, device, rank, world, args.profile_steps, say,
-                           args.trace_dir)
+                           args.trace_dir, batch=args.batch[0])
     if args.profile is not None or args.python_profile is not None:
         if args.save and rank == 0:
             with open(args.save, "w") as f:

@@ -187,16 +187,22 @@ def test_errors(make, error, words):
 @pytest.mark.parametrize("fmt", ["float8_e4m3", "float4_e2m1", "float6_e3m2", "int8"])
 def test_gathered_mx_weight_dequantizes_like_the_operator_on_cuda(fmt):
     """An MXTensor weight (FSDP2's MX all-gather) takes the Triton backend's planned dequantize
-    in MXLinear's forward: the operator's bits, also on a second call (the plan kept on the
-    weight) and once FSDP2 has gathered new bytes into the same tensors."""
+    in MXLinear's forward: the operator's bits, also on later calls (the plan kept on the
+    weight, then bound to its kernel) and once FSDP2 has gathered new bytes into the same
+    tensors, whose storage it freed and allocated again."""
     from torchmx.nn.mx_linear import _dequantized
     w = torch.randn(96, 160, device="cuda").bfloat16()
     w[3, 7] = float("nan")
     mx = MXTensor.to_mx(w, fmt)
     expected = mx.dequantize().view(torch.int16)
-    for _ in range(2):
+    for _ in range(3):  # the plan made, called again and bound, the bound call
         assert torch.equal(_dequantized(mx).view(torch.int16), expected)
+    assert callable(mx.__dict__["_torchmx_dequantize"][2])
     other = MXTensor.to_mx(w * -5, fmt)
-    mx._data.copy_(other._data)
-    mx._scale_e8m0.copy_(other._scale_e8m0)
+    for tensor, new in ((mx._data, other._data), (mx._scale_e8m0, other._scale_e8m0)):
+        storage = tensor.untyped_storage()
+        size = storage.nbytes()
+        storage.resize_(0)
+        storage.resize_(size)
+        tensor.copy_(new)
     assert torch.equal(_dequantized(mx).view(torch.int16), other.dequantize().view(torch.int16))

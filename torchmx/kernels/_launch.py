@@ -9,8 +9,9 @@ compiled kernel directly, as `CompiledKernel[grid](...)` does. A GPU test checks
 that no two launches with one key have different Triton keys.
 
 `Launch` goes one step further for a launch decided once (a linear's plan, kernels/linear/dispatch.py):
-its kernel, grid and every argument but a few tensors are fixed, so a call puts the new
-tensors into the argument list and calls the compiled kernel, with no key to build. Its
+its kernel, grid and every argument but a few tensors are fixed, so a call after the first
+on a device puts the new tensors into the argument list and calls the compiled kernel's
+launcher (`Launch.direct`), with no key to build. Its
 caller promises that the new tensors specialize as the first call's did (same dtypes, 16-byte
 alignment where the first call's were aligned).
 
@@ -97,7 +98,7 @@ def launch(kernel, grid, *args, **kwargs):
     _, known, _, constexpr = _signature(kernel)
     values = _values(kernel, args, kwargs)
     options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in known))
-    device = torch.cuda.current_device()
+    device = torch._C._cuda_getDevice()
     key = (kernel, device, options, _key(values, constexpr))
     compiled = _COMPILED.get(key)
     if compiled is None:
@@ -117,7 +118,8 @@ class Launch:
     arguments `launch` cannot key, such as Gluon's tensor descriptors, takes kernel[grid]);
     later calls call its compiled kernel directly."""
 
-    __slots__ = ("kernel", "grid", "args", "kwargs", "slots", "keyed", "_values", "_compiled")
+    __slots__ = ("kernel", "grid", "args", "kwargs", "slots", "keyed", "_values", "_compiled",
+                 "_direct")
 
     def __init__(self, kernel, grid, args, kwargs, slots, keyed: bool = True):
         self.kernel, self.kwargs, self.slots, self.keyed = kernel, kwargs, tuple(slots), keyed
@@ -125,13 +127,15 @@ class Launch:
         self.args = list(args)
         self._values = _values(kernel, args, kwargs) if hasattr(kernel, "device_caches") else None
         self._compiled = {}  # CUDA device index -> CompiledKernel
+        self._direct = {}  # CUDA device index -> self.direct({}, self.slots)
 
     def __call__(self, *tensors) -> None:
-        compiled = None
+        direct = None
         if self._values is not None:
-            device = torch.cuda.current_device()
-            compiled = self._compiled.get(device)
-        if compiled is None or hooks_installed():
+            # the C getter: torch.cuda.current_device() adds two Python calls per launch
+            device = torch._C._cuda_getDevice()
+            direct = self._direct.get(device)
+        if direct is None or hooks_installed():
             args = self.args.copy()
             for slot, tensor in zip(self.slots, tensors):
                 args[slot] = tensor
@@ -141,13 +145,10 @@ class Launch:
                 compiled = self.kernel[self.grid](*args, **self.kwargs)
             if compiled is not None and self._values is not None and not hooks_installed():
                 self._compiled[device] = compiled
+                self._direct[device] = self.direct({}, self.slots)
             return
-        values = self._values.copy()
-        for slot, tensor in zip(self.slots, tensors):
-            values[slot] = tensor
-        grid = self.grid
-        compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device),
-                     compiled.function, compiled.packed_metadata, None, None, None, *values)
+        # later calls: the compiled kernel's launcher, without Triton's Python wrapper
+        direct(torch._C._cuda_getCurrentRawStream(device), *tensors)
 
     def traced(self, *tensors) -> None:
         """The launch with `tensors` at its slots through `torch.library.wrap_triton`: recorded
@@ -170,7 +171,7 @@ class Launch:
         installed, or before a first call on this device."""
         if self._values is None or hooks_installed():
             return None
-        compiled = self._compiled.get(torch.cuda.current_device())
+        compiled = self._compiled.get(torch._C._cuda_getDevice())
         if compiled is None:
             return None
         values = self._values.copy()

@@ -16,6 +16,7 @@ from torch import nn
 
 from .._eager import short_path
 from ..config import QLinearConfig
+from ..kernels._launch import hooks_installed
 from ..kernels.quantize.backends import backend_for, triton_kernels
 from ..mx_tensor import MXTensor
 from ..numerics import arguments as args
@@ -119,25 +120,37 @@ def _dequantized_weight(weight, gathered: MXTensor) -> torch.Tensor:
                                    run_check=False, shape=weight.shape, stride=weight.stride())
 
 
+_current_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
+
+
 def _dequantized(weight: MXTensor) -> torch.Tensor:
     """weight.dequantize(); in eager mode on CUDA, a gathered weight's rows (blocks along
     in_features) straight through the Triton backend's dequantize plan, made once per weight
     object and kept on it: FSDP2 gathers every step into the same unsharded parameter, and the
     operator layer's checks and plan lookup would repeat, at every forward and backward, what
-    the gather settled (shapes, dtypes, format)."""
+    the gather settled (shapes, dtypes, format). After its first call the plan is bound
+    (DequantizePlan.bound: its kernel launched on the tensors' addresses), called while no
+    Triton launch hook is installed and the weight's device is the current one."""
     if not short_path():  # traced (torch.compile, export, modes): the operator
         return weight.dequantize()
     data, scale = weight._data, weight._scale_e8m0
     aligned = (data.data_ptr() & 15, scale.data_ptr() & 15)
     cached = weight.__dict__.get("_torchmx_dequantize")
     if cached is not None and cached[1] == aligned:  # the plan was made for this alignment
-        return cached[0](data, scale)
+        plan, _, bound = cached
+        if bound and not hooks_installed() and data.get_device() == _current_device():
+            return bound(data, scale)
+        out = plan(data, scale)
+        if bound is None:  # bound once, after the plan's first call on this device
+            weight.__dict__["_torchmx_dequantize"] = (plan, aligned,
+                                                      plan.bound(data, scale) or False)
+        return out
     if data.is_cuda and data.dim() == 2 and weight._block_dim == 1 \
             and backend_for(data.device) == "triton":
         plan = triton_kernels().DequantizePlan(data, scale, weight._elem_dtype,
                                                weight._block_size, weight.dtype, 1,
                                                weight.shape[1])
-        weight.__dict__["_torchmx_dequantize"] = (plan, aligned)
+        weight.__dict__["_torchmx_dequantize"] = (plan, aligned, None)
         return plan(data, scale)
     return weight.dequantize()
 

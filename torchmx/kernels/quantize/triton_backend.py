@@ -599,6 +599,38 @@ class DequantizePlan:
             self.launches.run(tensors)
         return out
 
+    def bound(self, data_lp: torch.Tensor, scale_u8: torch.Tensor):
+        """`f(data, scale) -> out`, this plan's call on contiguous data and scales like these
+        (the caller keeps to that, and to their 16-byte alignments, as for the plan itself)
+        with its one kernel launched through Launch.direct on their addresses: no argument
+        table, views or launch bookkeeping per call. For a caller that dequantizes the same
+        tensors again and again (MXLinear's FSDP2-gathered weight: forward and backward,
+        every step). None where the plan is not one launch over (data, scale, out), where
+        Launch.direct gives none (the interpreter, a launch hook, no call yet on the current
+        device) or where the tensors are not on the current device."""
+        if self.reference is not None or self.launches is None or self.unpack \
+                or len(self.launches.launches) != 1 \
+                or not (data_lp.is_contiguous() and scale_u8.is_contiguous()):
+            return None
+        launch_, refs = self.launches.launches[0]
+        if [(r.base, r.strided, r.dtype) for r in refs] != [
+                ("data", None, None), ("scale", None, None), ("out", None, None)]:
+            return None
+        index = torch._C._cuda_getDevice()
+        if data_lp.device.index != index or scale_u8.device.index != index:
+            return None
+        call = launch_.direct({}, launch_.slots)
+        if call is None:
+            return None
+        shape, dtype, device = self.shape, self.dtype, data_lp.device
+        empty, stream = torch.empty, torch._C._cuda_getCurrentRawStream
+
+        def dequantize(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+            out = empty(shape, dtype=dtype, device=device)
+            call(stream(index), data.data_ptr(), scale.data_ptr(), out.data_ptr())
+            return out
+        return dequantize
+
 
 def fused_supported(fmt: dtypes.DType, block_size: int) -> bool:
     """Whether one fused pass handles this format and block size (else two passes run)."""
