@@ -116,6 +116,34 @@ def test_bad_arguments_are_named(op):
         op(x, w._scale_e8m0, w._data, "float9", 32, 256, None, BF16)
 
 
+def test_compile_traces_take_the_operator_and_export_does_not(kernels_on_cpu, monkeypatch):
+    """What `_route` asks while MXTensor's handlers run: True under torch.compile (torch 2.11
+    flags only dynamo's capture as compiling, not the AOT dispatch that runs the handlers),
+    False under torch.export (saved programs keep mx_weight_linear) and in eager calls."""
+    asked = []
+    supported = dispatch.supported
+
+    def spy(*args):
+        asked.append(weight_matmul._compiling_not_exporting())
+        return supported(*args)
+    monkeypatch.setattr(dispatch, "supported", spy)
+    x, w = integer_operands("float4_e2m1", 1, 64, 256)
+
+    class Linear(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.linear(x, w)
+    torch._dynamo.reset()
+    torch.compile(Linear(), backend="aot_eager")(x)
+    assert asked and all(asked)
+    asked.clear()
+    torch.export.export(Linear(), (x,))
+    assert asked and not any(asked)
+    asked.clear()
+    with torch.inference_mode(False):
+        torch.nn.functional.linear(x.requires_grad_(), w)
+    assert asked == [False]
+
+
 # ---- torch.compile on a GPU ------------------------------------------------------------------
 
 # (format, rows, whether inductor launches the kernels itself): MXFP8 at 16 rows takes the

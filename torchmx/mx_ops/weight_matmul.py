@@ -294,6 +294,11 @@ def _route(a, w, k_dim: int, bias, out_dtype: torch.dtype) -> Optional[Tensor]:
 
 def _compiling_not_exporting() -> bool:
     """torch.compile traces the call (its graph capture or, for MXTensor's handlers, the
-    dispatch that AOT autograd traces), torch.export does not."""
-    return torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+    dispatch that AOT autograd traces: a tracing context is open, which torch 2.11 does not
+    flag as compiling), torch.export does not."""
+    return ((torch.compiler.is_compiling() or _tracing_context() is not None)
+            and not torch.compiler.is_exporting())
+
+
+_tracing_context = torch._guards.TracingContext.try_get
 
