@@ -116,6 +116,26 @@ def test_bad_arguments_are_named(op):
         op(x, w._scale_e8m0, w._data, "float9", 32, 256, None, BF16)
 
 
+def test_traced_kernels_read_as_inductor_pastes_them():
+    """Inductor (torch 2.11) pastes a launched kernel's source and globals into a string
+    literal of the module it generates: an escaped newline there ends the literal (a
+    SyntaxError at compile time). And its mutation analysis gives up on inline assembly that
+    is not marked pure (then it copies every argument, the weight included, at each call)."""
+    import inspect
+    import re
+
+    import triton.language as tl
+    from torchmx.kernels.linear import byte_gemv, matmul_kernels, mma_linear
+    from torchmx.kernels import _tl_numerics
+    for module in (matmul_kernels, byte_gemv, mma_linear, _tl_numerics):
+        for name, value in vars(module).items():
+            if isinstance(value, tl.constexpr) and isinstance(value.value, str):
+                assert "\n" not in value.value, f"{module.__name__}.{name}"
+        source = inspect.getsource(module)
+        assert "\\n" not in source, module.__name__
+        assert not re.search(r"is_pure=False", source), module.__name__
+
+
 def test_compile_traces_take_the_operator_and_export_does_not(kernels_on_cpu, monkeypatch):
     """What `_route` asks while MXTensor's handlers run: True under torch.compile (torch 2.11
     flags only dynamo's capture as compiling, not the AOT dispatch that runs the handlers),

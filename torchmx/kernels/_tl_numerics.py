@@ -31,6 +31,13 @@ ROUND_STOCHASTIC = tl.constexpr(int(Rounding.STOCHASTIC))
 _HASH_MULTIPLIER = tl.constexpr(0x45D9F3B)
 
 
+def ptx(source: str) -> tl.constexpr:
+    """Inline PTX as a kernel global, on one line (PTX ends its statements with ';'): inductor
+    (torch 2.11) pastes a kernel's source and globals into a string literal of the module it
+    generates, where an escaped newline ends the literal."""
+    return tl.constexpr(" ".join(source.split()))
+
+
 @triton.jit
 def program_coordinates(tiles_c, tiles_r, GRID: tl.constexpr, I64: tl.constexpr):
     """(b, tile row, tile column) of this program. GRID 3: launched on (tiles_c, tiles_r, B),

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ... import dtypes
 from .._launch import Launch, bind_weight, traced_product
-from .._tl_numerics import decode_value, scale_value, to_output
+from .._tl_numerics import decode_value, ptx, scale_value, to_output
 from .._common import aligned, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import fp16_pair_to_f32, reduce_splits_kernel
 
@@ -64,12 +64,12 @@ cvt.f32.f16 $0, a;
 cvt.f32.f16 $1, b;
 cvt.f32.f16 $2, c;
 cvt.f32.f16 $3, d; }"""
-_DECODE_E4M3 = tl.constexpr(_DECODE_FP8.replace("FMT", "e4m3"))
-_DECODE_E5M2 = tl.constexpr(_DECODE_FP8.replace("FMT", "e5m2"))
+_DECODE_E4M3 = ptx(_DECODE_FP8.replace("FMT", "e4m3"))
+_DECODE_E5M2 = ptx(_DECODE_FP8.replace("FMT", "e5m2"))
 # The 4 int8 codes of a word as fp32 integers without int -> float conversions (a quarter of
 # the fp32 rate): code c + 128 (the byte xor 0x80) goes into the mantissa of 2**23, one byte
 # permute each, and subtracting 2**23 + 128 leaves c, exactly.
-_DECODE_INT8 = tl.constexpr("""{ .reg .b32 u, c;
+_DECODE_INT8 = ptx("""{ .reg .b32 u, c;
 xor.b32 u, $4, 0x80808080;
 mov.b32 c, 0x4B000000;
 prmt.b32 $0, u, c, 0x7540;
@@ -90,10 +90,10 @@ def _load_pieces(w_ptrs, s_ptrs, ok, INTERPRETER: tl.constexpr):
         return (tl.load(words, mask=ok, other=0), tl.load(words + 1, mask=ok, other=0),
                 tl.load(words + 2, mask=ok, other=0), tl.load(words + 3, mask=ok, other=0),
                 tl.load(s_ptrs, mask=ok, other=0).to(tl.int32))
-    else:
+    else:  # pure: nothing in the kernel writes what it reads (torch.compile's analysis asks)
         return tl.inline_asm_elementwise(_LOAD_PIECE, "=r,=r,=r,=r,=r,l,r,l",
                                          [w_ptrs, ok.to(tl.int32), s_ptrs],
-                                         dtype=(tl.int32,) * 5, is_pure=False, pack=1)
+                                         dtype=(tl.int32,) * 5, is_pure=True, pack=1)
 
 
 @triton.jit

@@ -32,7 +32,7 @@ them in a fixed order (deterministic, unlike atomics), adds the bias and rounds 
 import triton
 import triton.language as tl
 
-from .._tl_numerics import decode_value, scale_value, to_output
+from .._tl_numerics import decode_value, ptx, scale_value, to_output
 
 FP4_UNSHIFT = tl.constexpr(16384.0)  # fp4 decoded through fp16 bits is 2**-14 of its value
 
@@ -159,7 +159,7 @@ def _x_columns(x_ptr, offs_m, M, K, b0, last, stride_xm, stride_xk, BLOCK: tl.co
 # `e` the even codes 0 2 4 6, three and four logic operations. One byte permute per two codes
 # then puts two such bytes in the high bytes of an fp16 pair (codes p and p + 4, low bytes 0),
 # and each half is converted exactly: about 1.4 logic operations and one conversion per code.
-_FP4_WORD_TO_F32 = tl.constexpr("\n".join([
+_FP4_WORD_TO_F32 = ptx(" ".join([
     "{", ".reg .b32 o, e, t, h;", ".reg .b16 lo, hi;",
     "shr.b32 t, $8, 3;", "and.b32 t, t, 0x0E0E0E0E;", "and.b32 o, $8, 0x80808080;",
     "or.b32 o, o, t;",
@@ -209,7 +209,7 @@ def _to_f32(x, INTERPRETER: tl.constexpr):
     Triton's conversion moves the high half down and shifts it back up."""
     if x.dtype == tl.bfloat16 and not INTERPRETER:
         value = tl.inline_asm_elementwise(
-            "shl.b32 $0, $2, 16;\nand.b32 $1, $2, 0xFFFF0000;", "=r,=r,r", [x],
+            "shl.b32 $0, $2, 16; and.b32 $1, $2, 0xFFFF0000;", "=r,=r,r", [x],
             dtype=tl.float32, is_pure=True, pack=2)
     else:
         value = x.to(tl.float32)
