@@ -106,6 +106,18 @@ def test_batched_input_keeps_its_leading_dims(kernels_on_cpu, op):
         x3, *_parts(w, "float4_e2m1", 256), None, BF16))
 
 
+def test_symbolic_shapes_fall_back_to_mx_weight_linear(kernels_on_cpu, op, traced_outputs):
+    """Under torch.compile's dynamic shapes the body sees symbolic sizes: no plan is made (and
+    no argument memo is keyed by them); the graph keeps mx_weight_linear."""
+    x, w = integer_operands("float4_e2m1", 5, 64, 256)
+    linear = torch.compile(lambda x: op(x, *_parts(w, "float4_e2m1", 256), None, BF16),
+                           backend="aot_eager", dynamic=True, fullgraph=True)
+    torch._dynamo.reset()
+    assert torch.equal(linear(x), torch.ops.torchmx.mx_weight_linear(
+        x, *_parts(w, "float4_e2m1", 256), None, BF16))
+    assert traced_outputs == []
+
+
 def test_bad_arguments_are_named(op):
     x, w = integer_operands("float8_e4m3", 1, 64, 256)
     with pytest.raises(ValueError, match="in_features"):

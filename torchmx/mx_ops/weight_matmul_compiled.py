@@ -52,11 +52,12 @@ def define() -> None:
                                 elem_dtype_name: str, block_size: int, in_features: int,
                                 bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
         """mx_weight_linear's product (same arguments, same bits)."""
-        fmt = weight_matmul._check_parts(input, weight_scale, weight_data, elem_dtype_name,
-                                         block_size, in_features, bias, out_dtype,
-                                         "mx_weight_linear_triton")
         out = None
-        if weight_matmul._kernels_usable(input.device):
+        if _static(input, weight_scale, weight_data) and weight_matmul._kernels_usable(
+                input.device):
+            fmt = weight_matmul._check_parts(input, weight_scale, weight_data, elem_dtype_name,
+                                             block_size, in_features, bias, out_dtype,
+                                             "mx_weight_linear_triton")
             out = dispatch.traced_linear(input, weight_scale, weight_data, fmt, block_size,
                                          in_features, bias, out_dtype)
         if out is None:
@@ -73,6 +74,11 @@ def define() -> None:
             matmul_kernels.mx_weight_matmul_kernel, matmul_kernels.reduce_splits_kernel,
             byte_gemv.byte_gemv_kernel, mma_linear.mma_linear_kernel]
     _OP.append(mx_weight_linear_triton)
+
+
+def _static(*tensors) -> bool:
+    """No symbolic size or stride (torch.compile's dynamic shapes): plans need numbers."""
+    return all(type(n) is int for t in tensors for n in (*t.shape, *t.stride()))
 
 
 def define_where_usable() -> None:

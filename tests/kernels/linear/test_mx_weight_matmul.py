@@ -253,10 +253,11 @@ def test_supported_formats_and_block_sizes():
 # ---------------------------------------------------------------------------- dispatch
 
 def _count_kernel_calls(monkeypatch):
-    """The input shapes of the calls that ran the kernels: through dispatch.linear, or (on CUDA,
-    a call like an earlier one) through the product bound to the weight."""
+    """The input shapes of the calls that ran the kernels: through dispatch.linear, (on CUDA,
+    a call like an earlier one) through the product bound to the weight, or (on CUDA, under
+    torch.compile) through the launches traced into the graph (dispatch.traced_linear)."""
     calls = []
-    original, original_bound = km.linear, weight_matmul.bound_call
+    original, original_bound, original_traced = km.linear, weight_matmul.bound_call, km.traced_linear
 
     def counting(*args, **kwargs):
         calls.append(args[0].shape)
@@ -268,8 +269,15 @@ def _count_kernel_calls(monkeypatch):
             calls.append(input.shape)
         return out
 
+    def counting_traced(*args):
+        out = original_traced(*args)
+        if out is not None:
+            calls.append(args[0].shape)
+        return out
+
     monkeypatch.setattr(km, "linear", counting)
     monkeypatch.setattr(weight_matmul, "bound_call", counting_bound)
+    monkeypatch.setattr(km, "traced_linear", counting_traced)
     return calls
 
 
