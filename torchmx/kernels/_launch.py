@@ -245,20 +245,14 @@ def bind_weight(main: Launch, reduce, w_scale: torch.Tensor, w_data: torch.Tenso
                          None if reduce is None else partials_shape)
 
 
-def traced_product(main: Launch, reduce, operands: tuple, bias, out_shape: tuple,
-                   out_dtype: torch.dtype, device: torch.device, partials_shape):
-    """What a linear plan's call computes, through `Launch.traced`: `main`'s slots take
-    `operands` (the input first, then the weight's tensors), the bias, the output and the fp32
-    split-K partials (of `partials_shape`, where `reduce` is not None); `reduce`'s slots take
-    the partials, the bias and the output. A slot that its launch does not read (an absent
-    bias, partials without a split) takes the input, which no launch writes: torch.compile
-    then sees the fresh output (and partials) as the only tensors written."""
+def traced_product(main: Launch, operands: tuple, bias, out_shape: tuple,
+                   out_dtype: torch.dtype, device: torch.device):
+    """What a linear plan of one launch computes, through `Launch.traced`: `main`'s slots take
+    `operands` (the input first, then the weight's tensors), the bias, the output and the
+    split-K partials, which a plan without a split does not read. An absent bias and the
+    partials take the input, which the launch does not write: torch.compile then sees the
+    fresh output as the only tensor written."""
     x = operands[0]
     out = torch.empty(out_shape, dtype=out_dtype, device=device)
-    partials = (x if reduce is None
-                else torch.empty(partials_shape, dtype=torch.float32, device=device))
-    bias = x if bias is None else bias
-    main.traced(*operands, bias, out, partials)
-    if reduce is not None:
-        reduce.traced(partials, bias, out)
+    main.traced(*operands, x if bias is None else bias, out, x)
     return out

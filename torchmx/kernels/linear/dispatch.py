@@ -260,11 +260,13 @@ class FusedPlan:
         return bind_weight(self.main, self.reduce, w_scale, w_data, out_shape, self.out_dtype,
                            self.device, (self.split_k, *self.out_shape))
 
-    def traced(self, x, w_scale, w_data, bias) -> torch.Tensor:
-        """The call's product through torch.library.wrap_triton (`traced_product`)."""
-        return traced_product(self.main, self.reduce, (x, w_data, w_scale), bias,
-                              self.out_shape, self.out_dtype, self.device,
-                              (self.split_k, *self.out_shape))
+    def traced(self, x, w_scale, w_data, bias):
+        """The call's product through torch.library.wrap_triton (`traced_product`), for a
+        plan without a split (one launch); else None."""
+        if self.reduce is not None:
+            return None
+        return traced_product(self.main, (x, w_data, w_scale), bias, self.out_shape,
+                              self.out_dtype, self.device)
 
 
 def _int32_offsets(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, M: int) -> bool:

@@ -66,13 +66,13 @@ import triton
 import triton.language as tl
 
 from ... import dtypes
-from .._tl_numerics import decode_value, ptx, scale_value
+from .._tl_numerics import decode_value, scale_value
 from ..layouts.fast_decode import CHUNK, FAST_SCALES, MULTIPLIER_EXPONENT, UNITS
 from ..layouts.mma_layout import check_pieces
 from .fp4_wgmma_matmul import check_tile, split_steps, store_out, store_split, usable_on
 from .._common import aligned, block_m_for, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import reduce_splits_kernel
-from .._launch import Launch, bound_product, traced_product
+from .._launch import Launch, bound_product
 
 __all__ = ["MmaConfig", "FAST_SCALES", "check_pieces", "default_config", "eligible", "mma_linear"]
 
@@ -126,10 +126,10 @@ mul.rn.bf16x2 x0, x0, $5;
 mul.rn.bf16x2 x1, x1, $5;
 mov.b32 {$0, $1}, x0;
 mov.b32 {$2, $3}, x1; }"""
-DECODE_E4M3 = ptx(_DECODE.replace("WORD", "$4").replace("SHIFT", "4")
-                  .replace("MASK", "0x87F087F0"))
-DECODE_E5M2 = ptx(_DECODE.replace("WORD", "$4").replace("SHIFT", "5")
-                  .replace("MASK", "0x8FE08FE0"))
+DECODE_E4M3 = tl.constexpr(_DECODE.replace("WORD", "$4").replace("SHIFT", "4")
+                            .replace("MASK", "0x87F087F0"))
+DECODE_E5M2 = tl.constexpr(_DECODE.replace("WORD", "$4").replace("SHIFT", "5")
+                            .replace("MASK", "0x8FE08FE0"))
 # Four fp6 codes (a three-byte group) -> bf16 halves ($0..$3) times the bf16x2 multiplier $5.
 # Byte k of e takes code k, bits 6 k .. 6 k + 5 of the group, in its top six bits (from the
 # group shifted left by 2 + 2 k: the low two bits hold the previous code's top bits), so that
@@ -155,8 +155,8 @@ _SPREAD_FP6 = (
 
 
 def _fp6_decoder(group: int, shift: int, mask: str) -> tl.constexpr:
-    return ptx(_DECODE_FP6.replace("SPREAD", _SPREAD_FP6[group])
-               .replace("SHIFT", str(shift)).replace("MASK", mask))
+    return tl.constexpr(_DECODE_FP6.replace("SPREAD", _SPREAD_FP6[group])
+                        .replace("SHIFT", str(shift)).replace("MASK", mask))
 
 
 # e2m3: sign, exponent and mantissa to bf16's places by a shift by 2 (value * 2**-126); e3m2
@@ -169,7 +169,7 @@ DECODE_E3M2_0, DECODE_E3M2_1, DECODE_E3M2_2, DECODE_E3M2_3 = (
 # offset by 128 (a xor of their sign bits), become the low bytes of fp32s 1.5 * 2**23 + code +
 # 128; one subtraction leaves each code exactly, and a conversion packs two of them (8
 # significant bits at most: exact) into bf16x2.
-DECODE_INT8 = ptx("""{ .reg .b32 u, f0, f1, f2, f3, x0, x1;
+DECODE_INT8 = tl.constexpr("""{ .reg .b32 u, f0, f1, f2, f3, x0, x1;
 xor.b32 u, $4, 0x80808080;
 prmt.b32 f0, u, 0x4B400000, 0x7640;
 prmt.b32 f1, u, 0x4B400000, 0x7641;
@@ -200,7 +200,7 @@ mov.b32 {$6, $7}, x3; }"""
 # bytes of the two 16-bit halves (the low one's from the word shifted by 4), each sign
 # repeated above; a shift by 2 brings sign, exponent and mantissa to their bf16 positions and
 # a mask clears the rest: the code's value times 2**-126, subnormals included.
-DECODE_E2M1 = ptx("""{ .reg .b32 lo, x0, x1, x2, x3;
+DECODE_E2M1 = tl.constexpr("""{ .reg .b32 lo, x0, x1, x2, x3;
 shl.b32 lo, $8, 4;
 prmt.b32 x0, lo, $8, 0xC480;
 prmt.b32 x1, lo, $8, 0xD591;
@@ -367,11 +367,11 @@ def _load_fp6(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexpr)
                                     tl.load(words_ptrs + 4, mask=cond, other=0),
                                     tl.load(words_ptrs + 5, mask=cond, other=0))
         s0, s1 = _interpreter_scales(s_ptrs, scale_row8, cond)
-    else:  # pure: nothing in the kernel writes what it reads (torch.compile's analysis asks)
+    else:
         w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, s0, s1 = tl.inline_asm_elementwise(
             _LOAD_STEP_FP6, "=r," * 14 + "l,l,l,l,r",
             _load_operands(w_ptrs, s_ptrs, row8, scale_row8, cond),
-            dtype=(tl.int32,) * 14, is_pure=True, pack=1)
+            dtype=(tl.int32,) * 14, is_pure=False, pack=1)
     a = _grid(w0, w3, w6, w9)
     b = _grid(w1, w4, w7, w10)
     c = _grid(w2, w5, w8, w11)
@@ -406,11 +406,11 @@ def _load_bytes(w_ptrs, s_ptrs, row8, scale_row8, cond, INTERPRETER: tl.constexp
                           tl.load(words_ptrs + 2, mask=cond, other=0),
                           tl.load(words_ptrs + 3, mask=cond, other=0))
         s0, s1 = _interpreter_scales(s_ptrs, scale_row8, cond)
-    else:  # pure: nothing in the kernel writes what it reads (torch.compile's analysis asks)
+    else:
         w0, w1, w2, w3, w4, w5, w6, w7, s0, s1 = tl.inline_asm_elementwise(
             _LOAD_STEP, "=r," * 10 + "l,l,l,l,r",
             _load_operands(w_ptrs, s_ptrs, row8, scale_row8, cond),
-            dtype=(tl.int32,) * 10, is_pure=True, pack=1)
+            dtype=(tl.int32,) * 10, is_pure=False, pack=1)
     # Nothing here reads the loaded values (the multipliers are made at the decode): an
     # instruction that did would wait for the loads in the step that issues them. The scale
     # bytes are repeated per word, joined as the words are: one layout for both (a broadcast
@@ -903,13 +903,3 @@ class MmaPlan:
             return None
         return bound_product(main, reduce, out_shape, self.out_dtype, self.device,
                              (self.split, *self.out_shape) if self.split > 1 else None)
-
-    def traced(self, x, w_scale, w_data, bias):
-        """The call's product through torch.library.wrap_triton (`traced_product`), for a
-        plan made without pieces whose launch sets no register cap (`maxnreg`, which
-        torch.compile does not pass on to a kernel it launches); else None."""
-        if self.pieces or "maxnreg" in self.main.kwargs:
-            return None
-        return traced_product(self.main, self.reduce, (x, w_data, w_scale, w_data, w_scale,
-                                                       w_scale), bias, self.out_shape,
-                              self.out_dtype, self.device, (self.split, *self.out_shape))
