@@ -134,9 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("torchmx-report"), metavar="DIR",
                         help="output directory for report.json and per_layer_sqnr.png, created if "
                              "missing (default torchmx-report)")
-    parser.add_argument("--repeat", type=_positive("--repeat"), default=15, metavar="N",
+    parser.add_argument("--repeat", type=_positive("--repeat"), default=30, metavar="N",
                         help="timed forward passes per model, after 3 warm-up passes, in rounds of one "
-                             "pass of every model; the median is reported (default 15)")
+                             "pass of every model; the median is reported (default 30)")
     parser.add_argument("--threads", type=_positive("--threads"), metavar="N",
                         help="PyTorch's CPU thread count for the whole run (default on a CPU: PyTorch's "
                              "own, one a core, less one, at least 1: a core left to other processes, "

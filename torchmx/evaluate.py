@@ -283,7 +283,7 @@ def check_block_size(model: nn.Module, block_size: int, layers: Optional[Iterabl
 
 
 def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str] = DEMO_SENTENCES,
-                     *, model_name: str = "encoder", repeat: int = 15, threads: Optional[int] = None,
+                     *, model_name: str = "encoder", repeat: int = 30, threads: Optional[int] = None,
                      progress: Optional[Callable[[Iterable], Iterable]] = None,
                      log: Optional[Callable[[str], None]] = None) -> EncoderReport:
     """Measure every recipe on `encoder` (an object with `.model`, `.tokenize(sentences)` and
