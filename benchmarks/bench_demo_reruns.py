@@ -5,7 +5,9 @@ in fresh processes, each writing its own report.json. First checks that everythi
 timings is identical across runs (SQNR, cosine, neighbour agreement, bytes: the numerics are
 deterministic); then prints, per recipe, each run's forward time and its ratio to the
 full-precision forward timed alongside, and the spread of each over the runs
-((max - min) / min). Extra arguments go to the demo (e.g. `--repeat 9`, `--device cuda`).
+((max - min) / min), under a header with the load average, the timing settings the reports
+record (threads, warm-up calls, rounds) and each run's wall time. Extra arguments go to the
+demo (e.g. `--repeat 9`, `--device cuda`).
 
     python3 benchmarks/bench_demo_reruns.py [--runs 3] [--save] [-- DEMO ARGS...]
 
