@@ -5,7 +5,9 @@ in fresh processes, each writing its own report.json. First checks that everythi
 timings is identical across runs (SQNR, cosine, neighbour agreement, bytes: the numerics are
 deterministic); then prints, per recipe, each run's forward time and its ratio to the
 full-precision forward timed alongside, and the spread of each over the runs
-((max - min) / min). Extra arguments go to the demo (e.g. `--repeat 9`, `--device cuda`).
+((max - min) / min), under a header with the load average, the timing settings the reports
+record (threads, warm-up calls, rounds) and each run's wall time. Extra arguments go to the
+demo (e.g. `--repeat 9`, `--device cuda`).
 
     python3 benchmarks/bench_demo_reruns.py [--runs 3] [--save] [-- DEMO ARGS...]
 
@@ -21,14 +23,17 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 
 TIMING_KEYS = ("forward_ms", "forward_ms_samples", "forward_vs_full_precision")
 
 
 def _run_demo(out_dir, demo_args):
+    """(report.json of one run of the demo, the run's wall time in seconds)."""
+    start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "torchmx", "--out", str(out_dir), *demo_args],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return json.loads((out_dir / "report.json").read_text())
+    return json.loads((out_dir / "report.json").read_text()), time.perf_counter() - start
 
 
 def _without_timings(report):
@@ -54,7 +59,8 @@ def main(argv=None):
 
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        reports = [_run_demo(pathlib.Path(tmp, f"run{i}"), args.demo_args) for i in range(args.runs)]
+        reports, seconds = zip(*[_run_demo(pathlib.Path(tmp, f"run{i}"), args.demo_args)
+                                 for i in range(args.runs)])
     load_after = os.getloadavg()[0]
 
     first = _without_timings(reports[0])
@@ -63,6 +69,7 @@ def main(argv=None):
             raise SystemExit(f"run {i} differs from run 0 in more than its timings")
 
     env = reports[0].get("environment", {})
+    timing = reports[0].get("timing", {})
     device = reports[0]["device"]
     lines = [f"# python3 benchmarks/bench_demo_reruns.py --runs {args.runs}"
              + (" -- " + " ".join(args.demo_args) if args.demo_args else ""),
@@ -71,6 +78,9 @@ def main(argv=None):
              f"torch {env.get('torch', '?')}, torchmx {env.get('torchmx', '?')}",
              f"# load average (1 min) {load_before:.1f} before the runs, {load_after:.1f} after "
              "(other processes sharing the cores slow and scatter every timing)",
+             f"# timing: {timing.get('threads', '?')} thread(s), {timing.get('warm_up_calls', '?')} warm-up "
+             f"calls, median of {timing.get('rounds', '?')} rounds; each run took "
+             + ", ".join(f"{s:.0f}" for s in seconds) + " s",
              "# numerics identical across runs (everything in report.json but the timings)",
              f"{'recipe':<34}" + "".join(f"{'run ' + str(i) + ' ms':>12}" for i in range(args.runs))
              + f"{'spread':>9}" + "".join(f"{'vs fp ' + str(i):>10}" for i in range(args.runs))

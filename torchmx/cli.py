@@ -134,12 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("torchmx-report"), metavar="DIR",
                         help="output directory for report.json and per_layer_sqnr.png, created if "
                              "missing (default torchmx-report)")
-    parser.add_argument("--repeat", type=_positive("--repeat"), default=15, metavar="N",
+    parser.add_argument("--repeat", type=_positive("--repeat"), default=30, metavar="N",
                         help="timed forward passes per model, after 3 warm-up passes, in rounds of one "
-                             "pass of every model; the median is reported (default 15)")
+                             "pass of every model; the median is reported (default 30)")
     parser.add_argument("--threads", type=_positive("--threads"), metavar="N",
-                        help="PyTorch's CPU thread count for the whole run (default: PyTorch's own, "
-                             "one a core)")
+                        help="PyTorch's CPU thread count for the whole run (default on a CPU: PyTorch's "
+                             "own, one a core, less one, at least 1: a core left to other processes, "
+                             "which would otherwise stall the timed calls; on a GPU: PyTorch's own)")
     return parser
 
 
@@ -259,7 +260,7 @@ def _recipes(opts) -> list:
 
 
 def _evaluate(opts, argv: List[str]) -> None:
-    from .evaluate import check_block_size, evaluate_encoder
+    from .evaluate import check_block_size, default_threads, evaluate_encoder
     from .report import format_table, write_chart, write_json
 
     recipes = _recipes(opts)
@@ -277,7 +278,8 @@ def _evaluate(opts, argv: List[str]) -> None:
         raise UsageError(str(error)) from None
     _log(f"loaded {name} in {time.perf_counter() - start:.1f} s; {len(recipes)} recipe(s) to measure")
     report = evaluate_encoder(encoder, recipes, sentences, model_name=name, repeat=opts.repeat,
-                              threads=opts.threads, progress=_progress, log=_log)
+                              threads=opts.threads or default_threads(opts.device),
+                              progress=_progress, log=_log)
     report.environment["command"] = shlex.join(["torchmx", *argv])
     write_json(report, opts.out / "report.json")
     write_chart(report, opts.out / "per_layer_sqnr.png")

@@ -19,6 +19,7 @@ import copy
 import contextlib
 import datetime
 import gc
+import os
 import platform
 import statistics
 import time
@@ -133,6 +134,9 @@ class EncoderReport:
     environment: Dict[str, str] = field(default_factory=dict)
     results: List[RecipeResult] = field(default_factory=list)
     forward_ms_samples: List[float] = field(default_factory=list)
+    # How the forward passes were timed: PyTorch's thread count, warm-up calls of each model,
+    # timed rounds (one call of every model each).
+    timing: Dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "results"}
@@ -181,6 +185,24 @@ def _threads(count: Optional[int]):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_threads(device: torch.device) -> Optional[int]:
+    """The thread count the `torchmx` command times with unless told: on a CPU, PyTorch's own
+    (one a core) less one core left to the rest of the machine, at least 1; None (PyTorch's
+    own) on a GPU. After each operation PyTorch's threads wait for the slowest of them, so
+    when every core has a thread, any other process that runs for a moment stalls them all
+    (measured on a shared 2-core machine: docs/guides/cli.md)."""
+    if device.type != "cpu":
+        return None
+    return max(1, min(torch.get_num_threads(), _usable_cpus() - 1))
 
 
 def _forward(model: nn.Module, batch: dict) -> Callable[[], object]:
@@ -261,7 +283,7 @@ def check_block_size(model: nn.Module, block_size: int, layers: Optional[Iterabl
 
 
 def evaluate_encoder(encoder, recipes: Sequence[Recipe], sentences: Sequence[str] = DEMO_SENTENCES,
-                     *, model_name: str = "encoder", repeat: int = 15, threads: Optional[int] = None,
+                     *, model_name: str = "encoder", repeat: int = 30, threads: Optional[int] = None,
                      progress: Optional[Callable[[Iterable], Iterable]] = None,
                      log: Optional[Callable[[str], None]] = None) -> EncoderReport:
     """Measure every recipe on `encoder` (an object with `.model`, `.tokenize(sentences)` and
@@ -294,7 +316,8 @@ def _evaluate(encoder, recipes, sentences, model_name, repeat, progress, log) ->
         model_name=model_name, device=str(device), sentences=len(sentences),
         linear_layers=list(io), model_bytes=model_bytes(model),
         linear_bytes=_layers_bytes(model, io), forward_ms=float("nan"),
-        environment=environment(device))
+        environment=environment(device),
+        timing={"threads": torch.get_num_threads(), "warm_up_calls": WARM_UP_CALLS, "rounds": repeat})
     modules = dict(model.named_modules())
     reference_neighbours = nearest_neighbours(reference)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

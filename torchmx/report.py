@@ -13,12 +13,20 @@ def _median(values) -> float:
     return statistics.median(finite) if finite else float("nan")
 
 
+def _how_timed(report: EncoderReport) -> str:
+    """` (2 threads, median of 15 rounds)`; empty for a report without its timing."""
+    if not report.timing:
+        return ""
+    threads = report.timing["threads"]
+    return f" ({threads} thread{'s' if threads != 1 else ''}, median of {report.timing['rounds']} rounds)"
+
+
 def format_table(report: EncoderReport) -> str:
     width = max([len("format")] + [len(r.recipe.formats) for r in report.results])
     lines = [
         f"{report.model_name}: {len(report.linear_layers)} linear layers, "
         f"{report.model_bytes / 1e6:.1f} MB, {report.sentences} sentences, on {report.device}; "
-        f"full precision forward {report.forward_ms:.1f} ms",
+        f"full precision forward {report.forward_ms:.1f} ms{_how_timed(report)}",
         "",
         f"{'format':<{width}} {'scale':<5} {'round':<11} {'block':>5} {'quant':>5} {'cos mean':>8} "
         f"{'cos min':>8} {'NN agree':>8} {'SQNR med':>8} {'SQNR min':>8} {'linear':>6} {'model':>6} "

@@ -64,6 +64,14 @@ def test_report_records_the_environment(report_dir):
     assert environment["command"] == "torchmx " + " ".join(REPORT_ARGS + ["--out", str(report_dir[0])])
 
 
+def test_report_records_how_it_timed_with_the_default_thread_count(report_dir):
+    from torchmx.evaluate import WARM_UP_CALLS, default_threads
+
+    timing = json.loads((report_dir[0] / "report.json").read_text())["timing"]
+    assert timing == {"threads": default_threads(torch.device("cpu")), "warm_up_calls": WARM_UP_CALLS,
+                      "rounds": 1}
+
+
 def test_progress_lines_when_stderr_is_not_a_terminal(report_dir):
     lines = report_dir[1].splitlines()
     assert lines[0].startswith("torchmx: loaded all-MiniLM-L6-v2 in ")

@@ -149,10 +149,45 @@ def test_evaluate_runs_with_the_thread_count_asked_and_gives_it_back():
                               repeat=2, threads=1)
     assert set(seen) == {1} and torch.get_num_threads() == before
     assert len(report.results[0].forward_ms_samples) == 2 and len(report.forward_ms_samples) == 2
+    assert report.timing == {"threads": 1, "warm_up_calls": WARM_UP_CALLS, "rounds": 2}
+    assert report.as_dict()["timing"] == report.timing
     result = report.results[0]
     assert result.forward_ms == statistics.median(result.forward_ms_samples)
     assert result.forward_vs_full_precision == statistics.median(
         ms / full_ms for ms, full_ms in zip(result.forward_ms_samples, report.forward_ms_samples))
+
+
+@pytest.mark.parametrize("pytorch_threads, cpus, expected", [
+    (2, 2, 1),  # the shared 2-core machine: one thread, one core left to the rest
+    (1, 2, 1), (1, 1, 1), (4, 4, 3),
+    (8, 16, 8),  # PyTorch's own count (physical cores) already leaves cores free
+])
+def test_default_threads_leave_a_core_to_the_rest_of_the_machine(monkeypatch, pytorch_threads, cpus, expected):
+    import torchmx.evaluate as evaluate
+
+    monkeypatch.setattr(evaluate, "_usable_cpus", lambda: cpus)
+    with evaluate._threads(pytorch_threads):
+        assert evaluate.default_threads(torch.device("cpu")) == expected
+        assert evaluate.default_threads(torch.device("cuda", 0)) is None  # PyTorch's own
+
+
+def test_usable_cpus_are_the_ones_this_process_may_run_on():
+    import os
+
+    from torchmx.evaluate import _usable_cpus
+
+    assert 1 <= _usable_cpus() <= os.cpu_count()
+
+
+def test_table_says_how_it_timed():
+    from torchmx.report import format_table
+
+    report = fake_report(("int8", [30.0, 20.0]))
+    assert "full precision forward 1.0 ms\n" in format_table(report)  # no timing recorded
+    report.timing = {"threads": 1, "warm_up_calls": 3, "rounds": 15}
+    assert "full precision forward 1.0 ms (1 thread, median of 15 rounds)\n" in format_table(report)
+    report.timing["threads"] = 2
+    assert "(2 threads, median of 15 rounds)" in format_table(report)
 
 
 def test_every_model_is_timed_in_the_same_rounds(monkeypatch):
