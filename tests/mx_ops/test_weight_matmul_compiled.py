@@ -118,6 +118,25 @@ def test_symbolic_shapes_fall_back_to_mx_weight_linear(kernels_on_cpu, op, trace
     assert traced_outputs == []
 
 
+def test_defined_only_where_cuda_and_triton_are(monkeypatch):
+    """A CPU machine imports no Triton for it; a GPU machine whose Triton does not import is
+    told that compiled graphs keep the operator call."""
+    import importlib.util
+    defined = []
+    monkeypatch.setattr(weight_matmul_compiled, "define", lambda: defined.append(True))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    weight_matmul_compiled.define_where_usable()
+    assert defined == []
+
+    def broken():
+        raise ImportError("libtriton.so: cannot open shared object file")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(weight_matmul_compiled, "define", broken)
+    with pytest.warns(UserWarning, match="Triton does not import.*libtriton"):
+        weight_matmul_compiled.define_where_usable()
+
+
 def test_bad_arguments_are_named(op):
     x, w = integer_operands("float8_e4m3", 1, 64, 256)
     with pytest.raises(ValueError, match="in_features"):

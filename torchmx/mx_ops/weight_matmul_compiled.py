@@ -10,9 +10,10 @@ inductor's generated code makes them itself, as it launches its own kernels. The
 the eager plan's (kernels/linear/dispatch.py `traced_linear`): the same kernels with the same
 constants, so the bits are eager's.
 
-Products whose plan is not Triton launches alone (dequantize + cuBLAS for many rows, an empty
-product, a kernel with a register cap) and symbolic shapes call mx_weight_linear inside the
-body, which then stays one opaque node of the graph; so does every product off CUDA.
+Only plans of one launch are traced: the fused kernel and the byte GEMV without a split of K
+(decode). Products with a split-K reduce, the tensor-core kernel (2..64 rows), dequantize +
+cuBLAS (many rows) and symbolic shapes call mx_weight_linear inside the body, which then stays
+one opaque node of the graph; so does every product off CUDA.
 
 `_route` in weight_matmul.py calls this operator instead of mx_weight_linear while
 torch.compile traces a product on CUDA, but not under torch.export: exported programs keep
@@ -44,7 +45,7 @@ def define() -> None:
         return
     from torch._library import triton as triton_library
 
-    from ..kernels.linear import byte_gemv, dispatch, matmul_kernels, mma_linear
+    from ..kernels.linear import byte_gemv, dispatch, matmul_kernels
     from . import weight_matmul
 
     @torch.library.triton_op("torchmx::mx_weight_linear_triton", mutates_args=())
@@ -70,9 +71,8 @@ def define() -> None:
     # reached through the plans): torch.compile's caches key compiled graphs by their sources.
     kernels = getattr(triton_library, "triton_ops_to_kernels", None)
     if kernels is not None:
-        kernels["torchmx::mx_weight_linear_triton"] = [
-            matmul_kernels.mx_weight_matmul_kernel, matmul_kernels.reduce_splits_kernel,
-            byte_gemv.byte_gemv_kernel, mma_linear.mma_linear_kernel]
+        kernels["torchmx::mx_weight_linear_triton"] = [matmul_kernels.mx_weight_matmul_kernel,
+                                                       byte_gemv.byte_gemv_kernel]
     _OP.append(mx_weight_linear_triton)
 
 

@@ -512,8 +512,9 @@ def traced_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     torch.library.wrap_triton (the plans' `traced`), for the body of a triton_op that
     torch.compile traces on fake tensors (mx_ops/weight_matmul_compiled.py): the plan is
     built from the operands' shapes, strides, dtypes and storage offsets, as `linear` builds
-    it. None where the plan is not Triton launches alone (dequantize + cuBLAS, an empty
-    product, a launch torch.compile cannot make) or a shape or stride is symbolic."""
+    it. None where the plan is not one Triton launch (a split of K and its reduce, the
+    tensor-core kernel, dequantize + cuBLAS, an empty product) or a shape or stride is
+    symbolic."""
     x2 = x.reshape(-1, K)
     if x2.shape[0] <= SMALL_M:
         x2 = x2.contiguous()
