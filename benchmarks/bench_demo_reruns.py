@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from _results import save
+
 TIMING_KEYS = ("forward_ms", "forward_ms_samples", "forward_vs_full_precision")
 
 
@@ -104,10 +106,7 @@ def main(argv=None):
     text = "\n".join(lines)
     print(text)
     if args.save:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
-        out = pathlib.Path(__file__).parent / "results" / f"demo_reruns_{stamp}_{device}.txt"
-        out.write_text(text + "\n")
-        print(f"saved {out}")
+        save(text, "demo_reruns", device)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import datetime
 import gc
 import logging
 import os
-import pathlib
 import resource
 import statistics
 import time
@@ -38,6 +37,8 @@ from torchmx.cli import DEFAULT_FORMATS
 from torchmx.evaluate import DEMO_SENTENCES, WARM_UP_CALLS, Recipe
 from torchmx.models import MiniLM
 from torchmx.quant_api import quantize_linear_
+
+from _results import save
 
 
 def _models(args):
@@ -120,10 +121,7 @@ def main(argv=None):
     text = "\n".join(lines)
     print(text)
     if args.save:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
-        out = pathlib.Path(__file__).parent / "results" / f"demo_timing_{stamp}_cpu.txt"
-        out.write_text(text + "\n")
-        print(f"saved {out}")
+        save(text, "demo_timing", "cpu")
 
 
 if __name__ == "__main__":

@@ -301,4 +301,3 @@ def _compiling_not_exporting() -> bool:
 
 
 _tracing_context = torch._guards.TracingContext.try_get
-
