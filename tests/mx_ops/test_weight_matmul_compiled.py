@@ -2,10 +2,10 @@
 linear whose Triton launches torch.compile makes itself.
 
 On CPU its launches run under Triton's interpreter (torch.library.wrap_triton hands back the
-kernel itself when nothing traces): every plan kind, split or not, gives mx_weight_linear's
-bits, and the products without a Triton plan fall back to mx_weight_linear. On a GPU,
-torch.compile's graphs hold the kernel launches instead of the operator, write only the
-outputs they allocate (no copy of a weight), and give eager's bits.
+kernel itself when nothing traces): plans of one launch give mx_weight_linear's bits through
+their traced launch, and every other product falls back to mx_weight_linear. On a GPU,
+torch.compile's graphs hold the kernel launch instead of the operator, write only the output
+they allocate (no copy of a weight), and give eager's bits.
 """
 
 import pytest
