@@ -418,17 +418,23 @@ def _label_phases():
                                                        "mx::linear_backward"))
 
 
+def _profiled_setup(name, size, device):
+    """(model, optimizer, synchronize) of `recipe` for the profilers below: the Llama of `size`
+    prepared and sharded as the timed steps' are."""
+    model = llama(size, device)
+    prepare(model, RECIPES[name])
+    shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return model, optimizer(model), sync
+
+
 def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None, batch=1):
     """`steps` profiled training steps of `recipe` on rank 0 (after 3 warm-up steps): the time
     each phase holds the host (ms per step; ranges nest, so rows overlap) and the device time of
     the kernels it launched, then the kernels that take the most device time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    model = llama(size, device)
-    prepare(model, RECIPES[name])
-    shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
-    opt = optimizer(model)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    model, opt, sync = _profiled_setup(name, size, device)
 
     def train_step(step):
         ids = tokens(step, rank, size, device, world, batch)
@@ -515,11 +521,7 @@ def python_profile_recipe(name, size, device, rank, world, steps, say, top=30, b
     import cProfile
     import pstats
 
-    model = llama(size, device)
-    prepare(model, RECIPES[name])
-    shard(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
-    opt = optimizer(model)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    model, opt, sync = _profiled_setup(name, size, device)
 
     def train_step(step):
         loss = step_loss(model, tokens(step, rank, size, device, world, batch))

@@ -163,15 +163,23 @@ def _gpu_time_us(fn, calls=50, rounds=9) -> float:
     return wall_us(fn, calls, rounds)
 
 
-def mlp_table(out, row_counts=(1, 16)) -> None:
+def decode_models(formats=("MXFP4", "MXFP8")) -> dict:
+    """{"bf16": MLPStack(), and for each name in `formats` its copy with `quantize_linear_`
+    weights (MXFP4: float4_e2m1, MXFP8: float8_e4m3)}, the same bf16 weights (seed 0)."""
     import copy
     torch.manual_seed(0)
     reference = MLPStack()
     models = {"bf16": reference}
     for fmt, name in (("float4_e2m1", "MXFP4"), ("float8_e4m3", "MXFP8")):
-        model = copy.deepcopy(reference)
-        torchmx.quantize_linear_(model, QLinearConfig(MXConfig(fmt), None))
-        models[name] = model
+        if name in formats:
+            model = copy.deepcopy(reference)
+            torchmx.quantize_linear_(model, QLinearConfig(MXConfig(fmt), None))
+            models[name] = model
+    return models
+
+
+def mlp_table(out, row_counts=(1, 16)) -> None:
+    models = decode_models()
     print("\n4 Llama MLP blocks (H 4096, I 14336), decode, wall time per forward (us), "
           "torch.no_grad()", file=out)
     print(f"{'rows':>4} {'weights':<7}{'eager':>10}{'compile':>10}{'graphs':>10}"

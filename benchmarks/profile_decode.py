@@ -19,12 +19,10 @@ import pstats
 
 import torch
 
-import torchmx
-from torchmx.config import MXConfig, QLinearConfig
 from torchmx.nn.inference_linear import prepack_weights
 
 from _timing import wall_us
-from bench_overhead import MLPStack
+from bench_overhead import decode_models
 
 
 def _per_call_us(fn, sync: bool, calls=50, rounds=7) -> float:
@@ -66,17 +64,10 @@ def main() -> None:
                         choices=["MXFP4", "MXFP8"])
     parser.add_argument("--top", type=int, default=30)
     options = parser.parse_args()
-    torch.manual_seed(0)
-    reference = MLPStack()
-    models = {"bf16": reference}
-    for fmt, name in (("float4_e2m1", "MXFP4"), ("float8_e4m3", "MXFP8")):
-        if name not in options.formats:
-            continue
-        model = copy.deepcopy(reference)
-        torchmx.quantize_linear_(model, QLinearConfig(MXConfig(fmt), None))
-        models[name] = model
-        if options.prepack:
-            prepacked = copy.deepcopy(model)
+    models = decode_models(options.formats)
+    if options.prepack:
+        for name in options.formats:
+            prepacked = copy.deepcopy(models[name])
             prepack_weights(prepacked)
             models[name + " prepacked"] = prepacked
     print(f"profile_decode, torch {torch.__version__}, {torch.cuda.get_device_name()}")

@@ -12,10 +12,8 @@ forward under torch.compile (default mode) and the host functions it spends its 
 """
 
 import argparse
-import copy
 import cProfile
 import datetime
-import inspect
 import io
 import pathlib
 import pstats
@@ -24,15 +22,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-import torchmx
-from torchmx.config import MXConfig, QLinearConfig
 from torchmx.kernels.linear import dispatch
 from torchmx.nn import inference_linear
 
 from _timing import wall_us
-from bench_overhead import MLPStack
+from bench_overhead import decode_models
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -252,13 +247,7 @@ def main() -> None:
     stamp = datetime.datetime.now(datetime.timezone.utc)
     print(f"profile_linear_launch, {stamp:%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
           f"triton {triton.__version__}, {torch.cuda.get_device_name()}", file=tee)
-    torch.manual_seed(0)
-    reference = MLPStack()
-    models = {"bf16": reference}
-    for fmt, name in (("float4_e2m1", "MXFP4"), ("float8_e4m3", "MXFP8")):
-        model = copy.deepcopy(reference)
-        torchmx.quantize_linear_(model, QLinearConfig(MXConfig(fmt), None))
-        models[name] = model
+    models = decode_models()
     layers = {name: m.blocks[0]["gate"] for name, m in models.items()}
     if options.bound:
         bound_table(models, tee)

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import distributed_worker as w
-from forked_ranks import run_ranks
+from forked_ranks import assert_equal_bits, one_thread, run_ranks  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch.distributed is not built")
@@ -33,21 +33,6 @@ def ranks(tmp_path_factory):
     import transformers.models.llama.modeling_llama  # noqa: F401
     out = str(tmp_path_factory.mktemp("distributed"))
     return out, run_ranks(w.run_rank, w.WORLD, out)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The references run with the ranks' one intra-op thread: a CPU GEMM may order its sums
-    by its thread count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def assert_equal_bits(actual, expected):
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    assert torch.equal(actual.view(torch.int32), expected.view(torch.int32))
 
 
 def reference_run(fmt, steps=w.STEPS):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fsdp_tp_worker as w
-from forked_ranks import run_ranks
+from forked_ranks import assert_equal_bits, one_thread, run_ranks  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch.distributed is not built")
@@ -23,19 +23,6 @@ def ranks(tmp_path_factory):
     import torchmx.distributed  # noqa: F401
     out = str(tmp_path_factory.mktemp("fsdp_tp"))
     return run_ranks(w.run_rank, w.WORLD, out)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def assert_equal_bits(actual, expected):
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    assert torch.equal(actual.view(torch.int32), expected.view(torch.int32))
 
 
 @pytest.mark.parametrize("fmt", w.FORMATS)

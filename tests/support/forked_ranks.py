@@ -1,4 +1,5 @@
-"""Runs a distributed worker's ranks as forked processes and collects what each saved."""
+"""Runs a distributed worker's ranks as forked processes and collects what each saved; what
+the distributed tests compare them with."""
 
 import os
 import socket
@@ -7,6 +8,8 @@ import time
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from formats import bit_view
 
 RANKS_TIMEOUT_S = 300  # a hung collective fails the tests instead of stalling the suite
 
@@ -32,3 +35,18 @@ def run_ranks(run_rank, world: int, out: str) -> list:
             pytest.fail(f"the {world} ranks did not finish in {RANKS_TIMEOUT_S} s")
     return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False)
             for r in range(world)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """(Autouse in the modules that import it.) The one-process references run with the ranks'
+    one intra-op thread: a CPU GEMM may order its sums by its thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def assert_equal_bits(actual, expected):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert torch.equal(bit_view(actual), bit_view(expected))
