@@ -458,6 +458,16 @@ def _weight_key(w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
             w_data.data_ptr() & 15, w_scale.shape, w_scale.stride(), w_scale.data_ptr() & 15)
 
 
+def _operands(x: torch.Tensor, K: int, bias: Optional[torch.Tensor]):
+    """(x as rows [M, K], bias) as the plans take them."""
+    x2 = x.reshape(-1, K)
+    if x2.shape[0] <= SMALL_M:  # a cheap copy keeps the kernel's offsets small, unit-stride
+        x2 = x2.contiguous()
+    if bias is not None:  # the kernels index the bias with unit stride
+        bias = bias.contiguous()
+    return x2, bias
+
+
 def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dtypes.DType,
            block_size: int, K: int, bias: Optional[torch.Tensor],
            out_dtype: torch.dtype, plans: Optional[dict] = None) -> torch.Tensor:
@@ -467,12 +477,7 @@ def linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor, fmt: dt
     looked up after. `plans`: a dict that one weight (these very w_scale and w_data) keeps for
     its own plans, keyed by the input's side alone (MXInferenceLinear's); None: the plans of
     every weight, keyed by both sides."""
-    x2 = x.reshape(-1, K)
-    M = x2.shape[0]
-    if M <= SMALL_M:  # a few rows: a cheap copy keeps the kernel's offsets small and unit-stride
-        x2 = x2.contiguous()
-    if bias is not None:  # the kernels index the bias with unit stride
-        bias = bias.contiguous()
+    x2, bias = _operands(x, K, bias)
     key = _input_key(x2, bias, out_dtype)
     if plans is None:
         plans = _PLANS
@@ -515,11 +520,7 @@ def traced_linear(x: torch.Tensor, w_scale: torch.Tensor, w_data: torch.Tensor,
     it. None where the plan is not one Triton launch (a split of K and its reduce, the
     tensor-core kernel, dequantize + cuBLAS, an empty product) or a shape or stride is
     symbolic."""
-    x2 = x.reshape(-1, K)
-    if x2.shape[0] <= SMALL_M:
-        x2 = x2.contiguous()
-    if bias is not None:
-        bias = bias.contiguous()
+    x2, bias = _operands(x, K, bias)
     sizes = (*x2.shape, *x2.stride(), *w_data.shape, *w_data.stride(), *w_scale.shape,
              *w_scale.stride())
     if not all(type(size) is int for size in sizes):
