@@ -26,6 +26,11 @@
    MXFP4 timed right after compiling it was 1.5-1.7x slower than MXFP8 in two H200 runs, and as
    fast when timed before any compile in another (a compile may leave work behind in the
    process, such as inductor's compile workers starting); the two columns tell.
+   The table's header says whether inductor launches user-defined Triton kernels (the MX
+   linears' under torch.compile) through its own static launcher, which
+   `TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1` in the environment switches on
+   (off by default in torch 2.11; the compile workers read the environment, not a config set
+   later in this process); `--save` then names the file `..._static-launch.txt`.
 3. --large-m (CUDA): F.linear of 8192 rows with an MXFP4 weight [8192, 8192], eager, against
    eager cuBLAS bf16 on the dequantized weight (the results must be equal bit for bit).
 """
@@ -181,7 +186,8 @@ def decode_models(formats=("MXFP4", "MXFP8")) -> dict:
 def mlp_table(out, row_counts=(1, 16)) -> None:
     models = decode_models()
     print("\n4 Llama MLP blocks (H 4096, I 14336), decode, wall time per forward (us), "
-          "torch.no_grad()", file=out)
+          "torch.no_grad(); inductor's static launcher for user-defined Triton kernels: "
+          f"{'on' if _static_user_launch() else 'off'}", file=out)
     print(f"{'rows':>4} {'weights':<7}{'eager':>10}{'compile':>10}{'graphs':>10}"
           f"{'  vs bf16: eager / compile / graphs'}{'   eager after the compiles':>28}",
           file=out)
@@ -226,6 +232,11 @@ def mlp_table(out, row_counts=(1, 16)) -> None:
     print(f"compiled: {breaks} graph breaks, {counters['stats'].get('unique_graphs', 0)} graphs "
           f"for {len(row_counts) * (1 + 2 * len(models))} compiled models (floor included; one "
           f"graph each when nothing breaks or recompiles)", file=out)
+
+
+def _static_user_launch() -> bool:
+    import torch._inductor.config as inductor_config
+    return bool(getattr(inductor_config, "static_launch_user_defined_triton_kernels", False))
 
 
 def large_m_table(out) -> None:
@@ -280,7 +291,8 @@ def main() -> None:
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         slug = "".join(c if c.isalnum() else "-" for c in device.lower()).strip("-")
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
-        path = RESULTS / f"overhead_{stamp}_{slug}.txt"
+        suffix = "_static-launch" if options.mlp and _static_user_launch() else ""
+        path = RESULTS / f"overhead_{stamp}_{slug}{suffix}.txt"
         path.write_text(out.getvalue())
         print(f"written: {path}")
 
