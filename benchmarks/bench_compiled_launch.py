@@ -16,8 +16,10 @@ floor: every linear a preallocated output) for each row count, then times the fo
 models in interleaved rounds (so that a drift of the host's speed reaches all four), and
 counts the launches of one forward that inductor's static launcher makes. It prints, per setting, the median
 over its processes of the wall time per forward (the GPU's work included) and of the host
-time alone (the clock stopped once the host has queued the forward), and the host cost of one
-linear: (host of the stack - host of the floor) / 12. Correctness first: each process's
+time alone (the clock stopped once the host has queued the forward), and, each computed in a
+process and then the median taken over processes (fresh processes on one host differ in speed
+by as much as 25%), the host cost of one linear, (host of the stack - host of the floor) / 12,
+and bf16's wall time over the model's. Correctness first: each process's
 compiled MX outputs are hashed, and the script says whether both settings gave the same bits.
 """
 
@@ -133,14 +135,18 @@ def main() -> None:
             wall = {n: statistics.median(f["wall"][n] for f in figures) for n in MODELS}
             host = {n: statistics.median(f["host"][n] for f in figures) for n in MODELS}
             for name in MODELS:
-                per_linear = ("" if name == "floor"
-                              else f"{(host[name] - host['floor']) / LINEARS:13.1f}")
-                ratio = "" if name == "floor" else f"{wall['bf16'] / wall[name]:13.2f}x"
+                # each process's own figures first (a process's speed reaches all four models)
+                per_linear = ("" if name == "floor" else "{:13.1f}".format(statistics.median(
+                    (f["host"][name] - f["host"]["floor"]) / LINEARS for f in figures)))
+                ratio = ("" if name == "floor" else "{:13.2f}x".format(statistics.median(
+                    f["wall"]["bf16"] / f["wall"][name] for f in figures)))
                 lines.append(f"{'on' if static else 'off':<16}{name:<7}{wall[name]:9.1f}"
                              f"{host[name]:9.1f}{per_linear:>13}{ratio:>14}"
                              f"{figures[0]['static'][name]:17g}")
-    lines.append("(host/linear: (host of the stack - host of the floor) / 12 linears; medians "
-                 "over each setting's processes of each process's median over its rounds. static "
+    lines.append("(wall, host: medians over each setting's processes of each process's median "
+                 "over its rounds; host/linear, (host of the stack - host of the floor) / 12 "
+                 "linears, and vs bf16 wall: medians over the processes of each process's own. "
+                 "static "
                  "launches: per forward, by inductor's static launcher; bf16's are inductor's own "
                  "kernels, an MX model's beyond them its MX kernels, the rest of which Triton's "
                  "launchers launch)")
