@@ -8,6 +8,7 @@ about a quarter of a millisecond the event and the graph are both queued before 
 them, so the events measure the GPU's time only.
 """
 
+import cProfile
 import statistics
 import time
 
@@ -110,3 +111,14 @@ def ratio_stats(times: dict, name: str, base: str):
     from the same round's replays."""
     ratios = sorted(a / b for a, b in zip(times[name], times[base]))
     return statistics.median(ratios), ratios[0], ratios[-1]
+
+
+def profiled(fn, calls: int) -> cProfile.Profile:
+    """cProfile of `calls` calls of fn (the host's work); the GPU is then waited for."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    return profiler

@@ -40,16 +40,10 @@ def _static_launches(fn) -> float:
     """Kernel launches per forward made by inductor's static launcher (its C `_launch_kernel`);
     every other launch goes through one of Triton's C launchers, whose function names differ
     from kernel to kernel."""
-    import cProfile
     import pstats
-    import torch
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(10):
-        fn()
-    profiler.disable()
-    torch.cuda.synchronize()
-    return sum(calls for (path, _, name), (_, calls, *_) in pstats.Stats(profiler).stats.items()
+    from _timing import profiled
+    stats = pstats.Stats(profiled(fn, 10)).stats
+    return sum(calls for (path, _, name), (_, calls, *_) in stats.items()
                if path == "~" and name.strip("<>").split(".")[-1] == "_launch_kernel") / 10
 
 

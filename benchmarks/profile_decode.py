@@ -13,7 +13,6 @@ the GPU kernels of one forward with their counts.
 
 import argparse
 import copy
-import cProfile
 import io
 import pstats
 
@@ -21,7 +20,7 @@ import torch
 
 from torchmx.nn.inference_linear import prepack_weights
 
-from _timing import wall_us
+from _timing import profiled, wall_us
 from bench_overhead import decode_models
 
 
@@ -30,14 +29,8 @@ def _per_call_us(fn, sync: bool, calls=50, rounds=7) -> float:
 
 
 def _profile(fn, top: int) -> str:
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(20):
-        fn()
-    profiler.disable()
-    torch.cuda.synchronize()
     text = io.StringIO()
-    stats = pstats.Stats(profiler, stream=text)
+    stats = pstats.Stats(profiled(fn, 20), stream=text)
     stats.sort_stats("tottime").print_stats(top)
     return text.getvalue()
 

@@ -12,7 +12,6 @@ forward under torch.compile (default mode) and the host functions it spends its 
 """
 
 import argparse
-import cProfile
 import datetime
 import io
 import pathlib
@@ -26,7 +25,7 @@ import torch.nn.functional as F
 from torchmx.kernels.linear import dispatch
 from torchmx.nn import inference_linear
 
-from _timing import wall_us
+from _timing import profiled, wall_us
 from bench_overhead import decode_models
 
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -63,14 +62,8 @@ def kernel_us(fn) -> float:
 
 
 def top(fn, n, calls=100) -> str:
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        fn()
-    profiler.disable()
-    torch.cuda.synchronize()
     text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(n)
+    pstats.Stats(profiled(fn, calls), stream=text).sort_stats("tottime").print_stats(n)
     return "\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip())
 
 
