@@ -465,7 +465,7 @@ def profile_recipe(name, size, device, rank, world, steps, say, trace_dir=None, 
             host.append(time.perf_counter() - start)  # the host has queued the step
             sync()
             wall.append(time.perf_counter() - start)
-    del model, opt
+    model = opt = None  # freed before the next recipe (the closure holds the names)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     if rank != 0:
@@ -540,7 +540,7 @@ def python_profile_recipe(name, size, device, rank, world, steps, say, top=30, b
         if rank == 0:
             profiler.disable()
         sync()
-    del model, opt
+    model = opt = None  # freed before the next recipe (the closure holds the names)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     if rank != 0:

@@ -465,7 +465,7 @@ def mx_gemm_sweep(pairs, shapes=MX_GEMM_SHAPES, rounds=7):
                   + f"{med:6.3f} [{lo:5.3f} - {hi:5.3f}]  "
                   f"{'gemm' if mx_gemm.preferred(x_fmt, fmt, M, N, x.device) else 'deq'}",
                   flush=True)
-            del x, ws, x_deq, w_deq
+            x = ws = x_deq = w_deq = None  # freed (closures hold the names)
             torch.cuda.empty_cache()
 
 

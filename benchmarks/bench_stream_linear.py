@@ -117,7 +117,7 @@ def sweep(N, K, formats):
             default = stream_matmul.default_config(fmt, M, K)
             print(f"  {fmt.name:12s} M={M:<3d} default ({default.stages}, {default.sub}): "
                   + ", ".join(times))
-        del ws, ps
+        ws = ps = None  # freed before the next format (lambdas hold the names)
 
 
 def table(N, K, formats):
@@ -225,7 +225,7 @@ def overlap(N, K, formats):
                               for name in list(configs)[1:])
             print(f"{fmt.name:12s} {M:3d} {floors[0]:6.1f} {floors[1]:5.1f} {t['usual']:6.1f}  "
                   f"{cells}  {t['usual alone']:11.1f} {t['default alone']:13.1f}")
-        del ws, ps
+        ws = ps = None  # freed before the next format (lambdas hold the names)
 
 
 PARTS = ("check", "sweep", "table", "pdl", "wave")

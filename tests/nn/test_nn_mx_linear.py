@@ -2,7 +2,6 @@
 backward, bias, 3-D inputs, autocast, torch.compile, DDP, swapping back."""
 
 import gc
-import os
 
 import pytest
 import torch

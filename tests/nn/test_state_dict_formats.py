@@ -14,7 +14,7 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from torchmx.config import MXConfig, QLinearConfig
-from torchmx.nn import MXInferenceLinear, extra_state
+from torchmx.nn import extra_state
 from torchmx.quant_api import quantize_linear_
 
 DATA = Path(__file__).parent / "data"

@@ -4,7 +4,6 @@ combines shows (not associative), over every axis, with and without keep_dims.""
 
 import os
 
-import numpy as np
 import pytest
 import torch
 
