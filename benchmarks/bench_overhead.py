@@ -51,6 +51,7 @@ import torchmx
 from torchmx import MXTensor
 from torchmx.config import MXConfig, QLinearConfig
 from torchmx.kernels import quantize_mx_rowwise_colwise
+from torchmx.kernels._common import empty
 
 from _timing import wall_us
 
@@ -118,6 +119,13 @@ def host_table(device: torch.device, out) -> None:
         verdict = "" if target is None else f"<= {target:g}" + (" ok" if ratio <= target else " MISS")
         print(f"{name:<22}{us:9.1f}  {base_name:<11}{base:8.1f}{ratio:8.2f}x "
               f"{verdict}", file=out)
+    # the outputs every kernel call allocates (torchmx/kernels/_common.py `empty`)
+    shape = (16, 64)
+    sizes, together = paired_us(lambda: empty(shape, torch.uint8, device),
+                                lambda: torch.empty(shape, dtype=torch.uint8, device=device),
+                                device)
+    print(f"{'torch.empty(*sizes)':<22}{sizes:9.1f}  {'(sizes)':<11}{together:8.1f}"
+          f"{sizes / together:8.2f}x  (torch.empty's sizes one by one / as one tuple)", file=out)
 
 
 def _mlp_blocks(hidden, intermediate, blocks, device):

@@ -34,6 +34,8 @@ import inspect
 
 import torch
 
+from ._common import empty
+
 __all__ = ["launch", "Launch", "hooks_installed", "bound_product", "bind_weight",
            "traced_product"]
 
@@ -211,18 +213,18 @@ def bound_product(main, reduce, out_shape: tuple, out_dtype: torch.dtype, device
     reduce). x and bias are tensors or their addresses (bias None when absent). A fresh `out`
     of `out_shape` (contiguous: any shape of the planned output's elements) stands in for an
     absent bias and for absent partials, as the plans' calls do."""
-    empty, current_stream, index = torch.empty, torch._C._cuda_getCurrentRawStream, device.index
+    current_stream, index = torch._C._cuda_getCurrentRawStream, device.index
     if reduce is None:
         def product(x, bias):
-            out = empty(out_shape, dtype=out_dtype, device=device)
+            out = empty(out_shape, out_dtype, device)
             address = out.data_ptr()
             main(current_stream(index), x, address if bias is None else bias, address, address)
             return out
         return product
 
     def split_product(x, bias):
-        out = empty(out_shape, dtype=out_dtype, device=device)
-        partials = empty(partials_shape, dtype=torch.float32, device=device)
+        out = empty(out_shape, out_dtype, device)
+        partials = empty(partials_shape, torch.float32, device)
         address, partial_address = out.data_ptr(), partials.data_ptr()
         bias = address if bias is None else bias
         stream = current_stream(index)

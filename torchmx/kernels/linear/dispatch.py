@@ -43,7 +43,8 @@ from typing import Optional
 import torch
 
 from ... import dtypes
-from .._common import aligned, block_m_for, interpreting, packed_decode_constants, sm_count
+from .._common import (aligned, block_m_for, empty, interpreting, packed_decode_constants,
+                       sm_count)
 from ..._memo import memo
 from .._launch import Launch, bind_weight, traced_product
 
@@ -245,9 +246,9 @@ class FusedPlan:
                 range(3))
 
     def __call__(self, x, w_scale, w_data, bias) -> torch.Tensor:
-        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
-        ws = (torch.empty((self.split_k, *self.out_shape), dtype=torch.float32,
-                          device=self.device) if self.reduce is not None else out)
+        out = empty(self.out_shape, self.out_dtype, self.device)
+        ws = (empty((self.split_k, *self.out_shape), torch.float32, self.device)
+              if self.reduce is not None else out)
         bias_arg = bias if bias is not None else out
         self.main(x, w_data, w_scale, bias_arg, out, ws)
         if self.reduce is not None:
@@ -579,7 +580,7 @@ class RoutedPlan:
             range(6))
 
     def __call__(self, x, experts, w_scale, w_data, bias) -> torch.Tensor:
-        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        out = empty(self.out_shape, self.dtype, self.device)
         self.main(x, w_data, w_scale, bias if bias is not None else out, out, experts)
         return out
 

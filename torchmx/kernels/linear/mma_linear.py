@@ -70,7 +70,8 @@ from .._tl_numerics import decode_value, scale_value
 from ..layouts.fast_decode import CHUNK, FAST_SCALES, MULTIPLIER_EXPONENT, UNITS
 from ..layouts.mma_layout import check_pieces
 from .fp4_wgmma_matmul import check_tile, split_steps, store_out, store_split, usable_on
-from .._common import aligned, block_m_for, interpreting, packed_decode_constants, sm_count
+from .._common import (aligned, block_m_for, empty, interpreting, packed_decode_constants,
+                       sm_count)
 from .matmul_kernels import reduce_splits_kernel
 from .._launch import Launch, bound_product
 
@@ -877,9 +878,9 @@ class MmaPlan:
                 range(3))
 
     def __call__(self, x, w_scale, w_data, bias, pieces=None) -> torch.Tensor:
-        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
-        partials = (torch.empty((self.split, *self.out_shape), dtype=torch.float32,
-                                device=self.device) if self.split > 1 else out)
+        out = empty(self.out_shape, self.out_dtype, self.device)
+        partials = (empty((self.split, *self.out_shape), torch.float32, self.device)
+                    if self.split > 1 else out)
         piece_codes, piece_scales, counters = pieces if pieces is not None else (w_data, w_scale,
                                                                                  out)
         bias_arg = bias if bias is not None else out

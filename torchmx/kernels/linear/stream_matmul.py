@@ -68,7 +68,8 @@ import torch
 from ... import dtypes
 from ...numerics import arguments as args
 from ..layouts import tma_stream_layout
-from .._common import aligned, device_capability, interpreting, packed_decode_constants, sm_count
+from .._common import (aligned, device_capability, empty, interpreting,
+                       packed_decode_constants, sm_count)
 
 __all__ = ["MAX_PREFETCH", "MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
            "default_config", "eligible", "fills_waves", "kernel_arguments", "split_k",
@@ -389,8 +390,8 @@ class StreamPlan:
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x [M, K] contiguous, 16-byte aligned bf16; bias [N] contiguous or None (as the
         plan was made)."""
-        out = torch.empty((self.M, self.N), dtype=self.out_dtype, device=self.device)
-        partials = (torch.empty(self.partials, dtype=torch.float32, device=self.device)
+        out = empty((self.M, self.N), self.out_dtype, self.device)
+        partials = (empty((self.partials,), torch.float32, self.device)
                     if self.partials else out)
         x_descriptor = self._descriptor(x, [self.M, self.K], [self.K, 1], self.x_box,
                                         self.x_layout)

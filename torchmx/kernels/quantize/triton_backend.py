@@ -35,7 +35,7 @@ from ... import dtypes
 from ...numerics.packing import packed_length
 from ...numerics.modes import ROUNDING_BY_NAME, SCALE_MODE_BY_NAME
 from ...numerics.rounding import seed_key
-from .._common import decode_constants, device_capability, interpreting
+from .._common import decode_constants, device_capability, empty, interpreting
 from ..._memo import memo
 from .._launch import Launch, launch
 
@@ -486,14 +486,15 @@ class QuantizePlan:
             _pack(self.launches, _TARGET, _Ref("data"), fmt, math.prod(shape[:axis]), n, inner)
 
     def _outputs(self, x: torch.Tensor):
-        return (torch.empty(self.scale_shape, dtype=torch.uint8, device=x.device),
-                torch.empty(self.data_shape, dtype=self.storage, device=x.device))
+        device = x.device
+        return (empty(self.scale_shape, torch.uint8, device),
+                empty(self.data_shape, self.storage, device))
 
     def _target(self, x: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
         """Where the first pass writes its codes: the output, or one byte per code to pack."""
         if self.direct:
             return data.view(torch.uint8)
-        return torch.empty(self.shape, dtype=torch.uint8, device=x.device)
+        return empty(self.shape, torch.uint8, x.device)
 
     def __call__(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         if self.reference is not None:
@@ -590,12 +591,12 @@ class DequantizePlan:
             return dequantize_mx_reference(data_lp, scale_u8, fmt, block_size, target_dtype,
                                            axis, block_dim_size=n)
         device = data_lp.device
-        out = torch.empty(self.shape, dtype=self.dtype, device=device)
+        out = empty(self.shape, self.dtype, device)
         if self.launches is not None:
             tensors = {"data": data_lp.contiguous().view(torch.uint8),
                        "scale": scale_u8.contiguous(), "out": out}
             if self.unpack:
-                tensors["codes"] = torch.empty(self.shape, dtype=torch.uint8, device=device)
+                tensors["codes"] = empty(self.shape, torch.uint8, device)
             self.launches.run(tensors)
         return out
 
@@ -623,10 +624,10 @@ class DequantizePlan:
         if call is None:
             return None
         shape, dtype, device = self.shape, self.dtype, data_lp.device
-        empty, stream = torch.empty, torch._C._cuda_getCurrentRawStream
+        stream = torch._C._cuda_getCurrentRawStream
 
         def dequantize(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-            out = empty(shape, dtype=dtype, device=device)
+            out = empty(shape, dtype, device)
             call(stream(index), data.data_ptr(), scale.data_ptr(), out.data_ptr())
             return out
         return dequantize
