@@ -247,6 +247,21 @@ def bind_weight(main: Launch, reduce, w_scale: torch.Tensor, w_data: torch.Tenso
                          None if reduce is None else partials_shape)
 
 
+def planned_product(main: Launch, reduce, operands: tuple, bias, out_shape: tuple,
+                    out_dtype: torch.dtype, device: torch.device, partials_shape) -> torch.Tensor:
+    """A linear plan's call: `main` launched on (*operands, bias, out, partials) and, where K is
+    split, `reduce` on (partials, bias, out), with a fresh `out` of `out_shape` and fp32
+    partials of `partials_shape`. The output stands in for an absent bias and absent
+    partials, which the launches then do not read."""
+    out = empty(out_shape, out_dtype, device)
+    partials = empty(partials_shape, torch.float32, device) if reduce is not None else out
+    bias = bias if bias is not None else out
+    main(*operands, bias, out, partials)
+    if reduce is not None:
+        reduce(partials, bias, out)
+    return out
+
+
 def traced_product(main: Launch, operands: tuple, bias, out_shape: tuple,
                    out_dtype: torch.dtype, device: torch.device):
     """What a linear plan of one launch computes, through `Launch.traced`: `main`'s slots take

@@ -32,9 +32,9 @@ import triton
 import triton.language as tl
 
 from ... import dtypes
-from .._launch import Launch, bind_weight, traced_product
+from .._launch import Launch, bind_weight, planned_product, traced_product
 from .._tl_numerics import decode_value, ptx, scale_value, to_output
-from .._common import aligned, empty, interpreting, packed_decode_constants, sm_count
+from .._common import aligned, interpreting, packed_decode_constants, sm_count
 from .matmul_kernels import fp16_pair_to_f32, reduce_splits_kernel
 
 __all__ = ["GemvConfig", "TILE", "default_config", "eligible", "byte_gemv"]
@@ -331,14 +331,8 @@ class GemvPlan:
                 range(3))
 
     def __call__(self, x, w_scale, w_data, bias) -> torch.Tensor:
-        out = empty((1, self.N), self.out_dtype, self.device)
-        partials = (empty((self.split, self.N), torch.float32, self.device)
-                    if self.reduce is not None else out)
-        bias_arg = bias if bias is not None else out
-        self.main(x, w_data, w_scale, bias_arg, out, partials)
-        if self.reduce is not None:
-            self.reduce(partials, bias_arg, out)
-        return out
+        return planned_product(self.main, self.reduce, (x, w_data, w_scale), bias, (1, self.N),
+                               self.out_dtype, self.device, (self.split, self.N))
 
     def bind(self, w_scale, w_data, out_shape: tuple):
         """`f(x, bias) -> out` (out of `out_shape`) for this weight: the compiled kernels

@@ -46,7 +46,7 @@ from ... import dtypes
 from .._common import (aligned, block_m_for, empty, interpreting, packed_decode_constants,
                        sm_count)
 from ..._memo import memo
-from .._launch import Launch, bind_weight, traced_product
+from .._launch import Launch, bind_weight, planned_product, traced_product
 
 __all__ = ["SMALL_M", "supported", "linear", "bound_linear", "traced_linear", "fused_linear",
            "dequantized_linear", "Config", "ROUTED_MAX_PAIRS", "routed_eligible", "routed_linear"]
@@ -246,14 +246,9 @@ class FusedPlan:
                 range(3))
 
     def __call__(self, x, w_scale, w_data, bias) -> torch.Tensor:
-        out = empty(self.out_shape, self.out_dtype, self.device)
-        ws = (empty((self.split_k, *self.out_shape), torch.float32, self.device)
-              if self.reduce is not None else out)
-        bias_arg = bias if bias is not None else out
-        self.main(x, w_data, w_scale, bias_arg, out, ws)
-        if self.reduce is not None:
-            self.reduce(ws, bias_arg, out)
-        return out
+        return planned_product(self.main, self.reduce, (x, w_data, w_scale), bias,
+                               self.out_shape, self.out_dtype, self.device,
+                               (self.split_k, *self.out_shape))
 
     def bind(self, w_scale, w_data, out_shape: tuple):
         """`f(x, bias) -> out` (out of `out_shape`) for this weight: the compiled kernels
