@@ -37,7 +37,7 @@ import torch
 from ._common import empty
 
 __all__ = ["launch", "Launch", "hooks_installed", "bound_product", "bind_weight",
-           "traced_product"]
+           "planned_product", "traced_product"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
 _SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
