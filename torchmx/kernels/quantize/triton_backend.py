@@ -492,8 +492,8 @@ class QuantizePlan:
 
     def _target(self, x: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
         """Where the first pass writes its codes: the output, or one byte per code to pack."""
-        if self.direct:
-            return data.view(torch.uint8)
+        if self.direct:  # (fp4 and fp6 codes are bytes already: no view to make)
+            return data if data.dtype == torch.uint8 else data.view(torch.uint8)
         return empty(self.shape, torch.uint8, x.device)
 
     def __call__(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -593,7 +593,8 @@ class DequantizePlan:
         device = data_lp.device
         out = empty(self.shape, self.dtype, device)
         if self.launches is not None:
-            tensors = {"data": data_lp.contiguous().view(torch.uint8),
+            data = data_lp.contiguous()
+            tensors = {"data": data if data.dtype == torch.uint8 else data.view(torch.uint8),
                        "scale": scale_u8.contiguous(), "out": out}
             if self.unpack:
                 tensors["codes"] = empty(self.shape, torch.uint8, device)
