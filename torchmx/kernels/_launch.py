@@ -36,8 +36,8 @@ import torch
 
 from ._common import empty
 
-__all__ = ["launch", "Launch", "hooks_installed", "bound_product", "bind_weight",
-           "planned_product", "traced_product"]
+__all__ = ["launch", "Launch", "hooks_installed", "current_cuda_device", "bound_product",
+           "bind_weight", "planned_product", "traced_product"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
 _SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
@@ -69,6 +69,11 @@ def _key(values, constexpr) -> tuple:
 
 
 _RUNTIME = []  # [triton.knobs.runtime], looked up on the first launch
+
+
+# The current CUDA device's index, for the checks before a bound launch: the C getter
+# (torch.cuda.current_device adds two Python calls); None where PyTorch has no CUDA.
+current_cuda_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
 
 
 def hooks_installed() -> bool:

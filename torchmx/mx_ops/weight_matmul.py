@@ -25,7 +25,7 @@ from .._eager import short_path
 from .._library import custom_op
 from .. import dtypes
 from .._memo import memo
-from ..kernels._launch import hooks_installed
+from ..kernels._launch import current_cuda_device, hooks_installed
 from ..kernels.linear import dispatch as kernels
 from ..kernels.quantize import backends
 from ..mx_tensor import MXTensor, dequantize
@@ -39,9 +39,6 @@ __all__ = ["mx_weight_linear", "mx_mx_linear", "route", "route_linear", "KERNEL_
 # Devices whose MX-weight matmuls run the kernels. Tests add "cpu" to run them under Triton's
 # interpreter.
 KERNEL_DEVICES = {"cuda"}
-
-
-_current_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
 
 
 def cuda_kernels_on() -> bool:
@@ -155,7 +152,7 @@ def bound_call(key: tuple, input, bias):
     """The call's output through its bound product (`kernel_linear`), or None where there is
     none (or a Triton launch hook wants the launches)."""
     product = _BOUND.get(key)
-    if (not product or _current_device() != key[2] or not cuda_kernels_on()
+    if (not product or current_cuda_device() != key[2] or not cuda_kernels_on()
             or hooks_installed()):
         return None
     return product(input.data_ptr(), None if bias is None else bias.data_ptr())

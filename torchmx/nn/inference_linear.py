@@ -18,7 +18,7 @@ from torch import nn
 
 from .. import dtypes
 from .._eager import short_path
-from ..kernels._launch import hooks_installed
+from ..kernels._launch import current_cuda_device, hooks_installed
 from ..config import QLinearConfig
 from ..kernels.layouts import fp4_wgmma_layout, mma_layout, tma_stream_layout
 from ..kernels.linear import dispatch as linear_dispatch
@@ -144,7 +144,6 @@ _BOUND: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch_transforms = torch._C._are_functorch_transforms_active
-_current_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
 
 
 class MXInferenceLinear(nn.Module):
@@ -441,7 +440,7 @@ class MXInferenceLinear(nn.Module):
             return None
         address = x.data_ptr()  # passed as such: the launcher need not ask the tensor
         if (not x.is_contiguous() or address & 15 or x.get_device() != bound[1]
-                or _current_device() != bound[1] or _dispatch_modes()
+                or current_cuda_device() != bound[1] or _dispatch_modes()
                 or _functorch_transforms() or hooks_installed()
                 or not weight_matmul.cuda_kernels_on()):
             return None

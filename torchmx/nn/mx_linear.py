@@ -16,7 +16,7 @@ from torch import nn
 
 from .._eager import short_path
 from ..config import QLinearConfig
-from ..kernels._launch import hooks_installed
+from ..kernels._launch import current_cuda_device, hooks_installed
 from ..kernels.quantize.backends import backend_for, triton_kernels
 from ..mx_tensor import MXTensor
 from ..numerics import arguments as args
@@ -120,9 +120,6 @@ def _dequantized_weight(weight, gathered: MXTensor) -> torch.Tensor:
                                    run_check=False, shape=weight.shape, stride=weight.stride())
 
 
-_current_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
-
-
 def _dequantized(weight: MXTensor) -> torch.Tensor:
     """weight.dequantize(); in eager mode on CUDA, a gathered weight's rows (blocks along
     in_features) straight through the Triton backend's dequantize plan, made once per weight
@@ -138,7 +135,7 @@ def _dequantized(weight: MXTensor) -> torch.Tensor:
     cached = weight.__dict__.get("_torchmx_dequantize")
     if cached is not None and cached[1] == aligned:  # the plan was made for this alignment
         plan, _, bound = cached
-        if bound and not hooks_installed() and data.get_device() == _current_device():
+        if bound and not hooks_installed() and data.get_device() == current_cuda_device():
             return bound(data, scale)
         out = plan(data, scale)
         if bound is None:  # bound once, after the plan's first call on this device
