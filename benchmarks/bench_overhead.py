@@ -8,7 +8,9 @@
    CUDA, a 64 x 64 weight), synchronized once at the end, next to `x + 1` and the bf16 / fp32
    counterpart on the same device, with issue #8's target ratio. Each call's loops alternate
    with its baseline's (medians of 7 rounds each), so a shared host's changing load moves
-   both.
+   both. `quantize_mx` and `dequantize_mx` are the operators' Python objects
+   (`torchmx.ops.*`, which skip the dispatcher in eager); the indented `torch.ops` rows call
+   the same operators through `torch.ops.torchmx`, the dispatcher at every call.
 2. --mlp (CUDA): 4 Llama MLP blocks (hidden 4096, intermediate 14336, SiLU-gated), batch 1
    and 16 rows of decode, bf16 against `quantize_linear_` MXFP4 and MXFP8 weights, in eager,
    `torch.compile` (default mode) and `torch.compile(mode="reduce-overhead")` (CUDA graphs).
@@ -89,11 +91,14 @@ def entry_points(device: torch.device):
     qat = torchmx.MXLinear.from_float(linear, weight_only) if hasattr(
         torchmx.MXLinear, "from_float") else None
     cpu = device.type == "cpu"
-    ops = torch.ops.torchmx
+    ops, operators = torchmx.ops, torch.ops.torchmx
     cases = [
         ("quantize_mx", lambda: ops.quantize_mx(x, fmt, 32), "x + 1", 5 if cpu else 2.5),
         ("dequantize_mx", lambda: ops.dequantize_mx(data, scale, fmt, 32, dtype), "x + 1",
          5 if cpu else 2.5),
+        ("  torch.ops quantize", lambda: operators.quantize_mx(x, fmt, 32), "x + 1", None),
+        ("  torch.ops dequantize", lambda: operators.dequantize_mx(data, scale, fmt, 32, dtype),
+         "x + 1", None),
         ("MXTensor.to_mx", lambda: MXTensor.to_mx(x, fmt), "x + 1", 8 if cpu else 3.5),
         (".dequantize()", lambda: x_mx.dequantize(), "x + 1", 5 if cpu else 2.5),
         ("F.linear(x, w_mx)", lambda: F.linear(x, w_mx), "F.linear", 8 if cpu else 3),

@@ -1,6 +1,7 @@
 """Where the host time of one eager MX linear goes, piece by piece, on the GPU host.
 
     python benchmarks/profile_linear_launch.py [--compile] [--save]
+    python benchmarks/profile_linear_launch.py --bound [--rows 1 16] [--save]
 
 For the gate projection of bench_overhead's Llama MLP (4096 -> 14336) with MXFP4 and MXFP8
 weights at 1 and 16 rows: the host time per call (wall time of a loop, no synchronize: what
@@ -170,39 +171,47 @@ def _layer_line(layer, inp, _launch) -> str:
     layer(inp)
     product = inference_linear._BOUND[layer][1][(inp.shape, inp.dtype, True)][0]
     plans = layer._weight_view(inp.dtype, layer._weight_source())[1][5]
-    plan = [p for k, p in plans.items() if k[0] == (1, inp.shape[-1])][0]
+    rows = inp.reshape(-1, inp.shape[-1]).shape
+    plan = [p for k, p in plans.items() if k[0] == rows][0]
     compiled = next(iter(plan.main._compiled.values()))
     launcher = _launch._raw_launcher(compiled)[0]
+    split = getattr(plan, "split", None)
     return (f"layer(x) {host(lambda: layer(inp)):.1f} us host, "
-            f"{synced(lambda: layer(inp)):.1f} synced; bound product "
-            f"{host(lambda: product(inp, None)):.1f}; {type(plan).__name__}, "
-            f"launcher {type(launcher).__name__}, scratch "
+            f"{synced(lambda: layer(inp)):.1f} synced, "
+            + attempt("GPU", lambda: kernel_us(lambda: layer(inp)))
+            + f"; bound product {host(lambda: product(inp, None)):.1f}; {type(plan).__name__}"
+            + ("" if split is None else f" split {split}")
+            + f", launcher {type(launcher).__name__}, scratch "
             f"{compiled.run.global_scratch_size} / {compiled.run.profile_scratch_size}")
 
 
-def bound_table(models, out) -> None:
-    """The eager forward with bound products: per layer kind, the host time of a call and of
-    its bound product, the launcher it calls, and the forward's kernels one by one."""
+def bound_table(models, out, row_counts) -> None:
+    """The eager forward with bound products: per layer (gate, up, down), the host time of a
+    call and of its bound product, its plan and the launcher it calls, and the forward's
+    kernels one by one; per row count."""
     from torchmx.kernels import _launch
     with torch.no_grad():
-        x = torch.randn(1, 1, 4096, device="cuda", dtype=torch.bfloat16)
-        bf16 = models["bf16"]
-        print(f"bf16 forward: synced {synced(lambda: bf16(x), 50, 7):.1f}, host "
-              f"{host(lambda: bf16(x), 50, 7):.1f}", file=out)
-        for name in ("MXFP4", "MXFP8"):
-            model = models[name]
-            model(x)
-            block = model.blocks[0]
-            h = F.silu(block["gate"](x)) * block["up"](x)
-            for part, inp in (("gate", x), ("down", h)):
-                print(attempt(f"{name} {part}:", lambda: _layer_line(block[part], inp, _launch)),
-                      file=out)
-            print(f"{name} forward: synced {synced(lambda: model(x), 50, 7):.1f}, host "
-                  f"{host(lambda: model(x), 50, 7):.1f}, "
-                  + attempt("GPU", lambda: kernel_us(lambda: model(x))), file=out)
-            print(kernel_table(lambda: model(x)), file=out)
+        for rows in row_counts:
+            x = torch.randn(1, rows, 4096, device="cuda", dtype=torch.bfloat16)
+            bf16 = models["bf16"]
+            print(f"\n--- {rows} row(s) ---\nbf16 forward: synced "
+                  f"{synced(lambda: bf16(x), 50, 7):.1f}, host {host(lambda: bf16(x), 50, 7):.1f}",
+                  file=out)
+            for name in ("MXFP4", "MXFP8"):
+                model = models[name]
+                model(x)
+                block = model.blocks[0]
+                h = F.silu(block["gate"](x)) * block["up"](x)
+                for part, inp in (("gate", x), ("up", x), ("down", h)):
+                    print(attempt(f"{name} {part}:",
+                                  lambda: _layer_line(block[part], inp, _launch)), file=out)
+                print(f"{name} forward: synced {synced(lambda: model(x), 50, 7):.1f}, host "
+                      f"{host(lambda: model(x), 50, 7):.1f}, "
+                      + attempt("GPU", lambda: kernel_us(lambda: model(x))), file=out)
+                print(kernel_table(lambda: model(x)), file=out)
         # bench_overhead times each eager model after compiling it twice (default mode and
         # reduce-overhead): the same eager forwards again after the same compiles
+        x = torch.randn(1, row_counts[0], 4096, device="cuda", dtype=torch.bfloat16)
         for name in ("bf16", "MXFP4", "MXFP8"):
             model = models[name]
             torch._dynamo.reset()
@@ -212,7 +221,8 @@ def bound_table(models, out) -> None:
                     compiled(x)
         for name in ("bf16", "MXFP4", "MXFP8"):
             model = models[name]
-            print(f"{name} forward after compiles: synced {synced(lambda: model(x), 50, 7):.1f}, "
+            print(f"{name} forward after compiles ({row_counts[0]} row(s)): synced "
+                  f"{synced(lambda: model(x), 50, 7):.1f}, "
                   f"host {host(lambda: model(x), 50, 7):.1f}, "
                   + attempt("GPU", lambda: kernel_us(lambda: model(x))), file=out)
 
@@ -223,6 +233,8 @@ def main() -> None:
     parser.add_argument("--save", action="store_true")
     parser.add_argument("--bound", action="store_true",
                         help="only the eager forward with bound products, layer by layer")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1],
+                        help="activation rows of --bound's forwards")
     parser.add_argument("--compile-before", type=float, default=1e9,
                         help="skip --compile when this many seconds have passed")
     options = parser.parse_args()
@@ -243,7 +255,7 @@ def main() -> None:
     models = decode_models()
     layers = {name: m.blocks[0]["gate"] for name, m in models.items()}
     if options.bound:
-        bound_table(models, tee)
+        bound_table(models, tee, options.rows)
     else:
         with torch.no_grad():
             linear_table(layers, tee)
