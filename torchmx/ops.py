@@ -14,7 +14,9 @@ import torch
 
 from . import cpu_kernels, dtypes
 from ._library import custom_op
+from ._memo import memo
 from .kernels.quantize import backends
+from .kernels._launch import current_cuda_device as _current_cuda_device, hooks_installed
 from .kernels.quantize.backends import backend_for, triton_kernels
 from .numerics import arguments as args
 from .numerics.packing import packed_length
@@ -44,6 +46,27 @@ def _accepted(key, check, *arguments):
     return result
 
 
+# CUDA calls whose plan is one kernel launch on the call's tensors, after their first call:
+# (everything the checks and the plan look at: the device, the tensors' shapes, strides,
+# dtypes and alignments, the arguments as given) -> the plan's call bound to the device
+# (triton_backend.device_call), or False where there is none. A later call of the same kind
+# is one lookup, its outputs' allocations and the launch.
+_BOUND = backends.BOUND_CALLS
+
+
+def _bound_call(key: tuple):
+    call = _BOUND.get(key)
+    if call and key[0] == _current_cuda_device() and not backends.FORCE_REFERENCE \
+            and not hooks_installed():
+        return call
+    return None
+
+
+def _bind(key: tuple, kind: str, tensor: torch.Tensor, *arguments) -> None:
+    if key not in _BOUND and backend_for(tensor.device) == "triton":
+        memo(_BOUND, key, lambda: triton_kernels().device_call(kind, tensor, *arguments) or False)
+
+
 def _validate_quantize(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim):
     elem_dtype = dtypes.from_name(elem_dtype_name)
     args.check_high_precision_input(data_hp)
@@ -71,6 +94,14 @@ def quantize_mx(
     bytes; others 1 byte, int8 as torch.int8). A 0-d input is treated as a 1-element vector.
     Stochastic rounding without a seed draws one from torch's default generator.
     """
+    bound_key = None
+    if data_hp.is_cuda and rounding != "stochastic":
+        bound_key = (data_hp.get_device(), "quantize", data_hp.shape, data_hp.stride(),
+                     data_hp.dtype, data_hp.data_ptr() & 15, elem_dtype_name, type(block_size),
+                     block_size, scale_mode, rounding, type(block_dim), block_dim)
+        call = _bound_call(bound_key)
+        if call is not None:
+            return call(data_hp)
     key = ("quantize", data_hp.dtype, data_hp.dim(), elem_dtype_name, type(block_size),
            block_size, scale_mode, rounding, type(block_dim), block_dim)
     accepted = _ACCEPTED.get(key)
@@ -78,8 +109,12 @@ def quantize_mx(
         accepted = _accepted(key, _validate_quantize, data_hp, elem_dtype_name, block_size,
                              scale_mode, rounding, block_dim)
     seed = args.resolve_seed(seed, rounding) if rounding == "stochastic" else None
-    return quantize_checked(data_hp, accepted[0], block_size, scale_mode, rounding, accepted[1],
-                            seed)
+    out = quantize_checked(data_hp, accepted[0], block_size, scale_mode, rounding, accepted[1],
+                           seed)
+    if bound_key is not None:
+        _bind(bound_key, "quantize", data_hp, accepted[0], block_size, scale_mode, rounding,
+              accepted[1], seed)
+    return out
 
 
 def _cpu_kernels_on() -> bool:
@@ -133,6 +168,17 @@ def dequantize_mx(
     `block_dim_size` is the number of elements along block_dim; by default the data is taken to
     hold whole packing groups (only fp4 and fp6 can be ambiguous).
     """
+    bound_key = None
+    if data_lp.is_cuda:
+        bound_key = (data_lp.get_device(), "dequantize", data_lp.shape, data_lp.stride(),
+                     data_lp.dtype, data_lp.data_ptr() & 15, shared_exp_e8m0.shape,
+                     shared_exp_e8m0.stride(), shared_exp_e8m0.dtype,
+                     shared_exp_e8m0.data_ptr() & 15, shared_exp_e8m0.device, elem_dtype_name,
+                     type(block_size), block_size, target_dtype, type(block_dim), block_dim,
+                     type(block_dim_size), block_dim_size)
+        call = _bound_call(bound_key)
+        if call is not None:
+            return call(data_lp, shared_exp_e8m0)
     key = ("dequantize", data_lp.dtype, data_lp.shape, data_lp.device, shared_exp_e8m0.dtype,
            shared_exp_e8m0.shape, shared_exp_e8m0.device, elem_dtype_name, type(block_size),
            block_size, target_dtype, type(block_dim), block_dim, type(block_dim_size),
@@ -143,8 +189,12 @@ def dequantize_mx(
                              elem_dtype_name, block_size, target_dtype, block_dim,
                              block_dim_size)
     elem_dtype, axis, n = accepted
-    return dequantize_checked(data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype,
-                              axis, n)
+    out = dequantize_checked(data_lp, shared_exp_e8m0, elem_dtype, block_size, target_dtype,
+                             axis, n)
+    if bound_key is not None:
+        _bind(bound_key, "dequantize", data_lp, shared_exp_e8m0, elem_dtype, block_size,
+              target_dtype, axis, n)
+    return out
 
 
 def dequantize_checked(data_lp: torch.Tensor, shared_exp_e8m0: torch.Tensor,

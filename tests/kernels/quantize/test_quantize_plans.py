@@ -165,3 +165,68 @@ def test_empty_inputs_and_the_plan_limit(monkeypatch):
     assert len(tb._PLANS) == 2
     _quantize(torch.zeros(1, 64, dtype=torch.bfloat16, device=DEVICE))  # over the limit
     assert len(tb._PLANS) == 1
+
+
+ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# and an input whose rows are strided (a transposed matrix)
+BOUND_CASES = CASES + [((64, 4), torch.bfloat16, FP8, 32, "transposed")]
+
+
+@pytest.mark.gpu
+@ON_CUDA
+@pytest.mark.parametrize("case", BOUND_CASES, ids=lambda c: f"{c[2].name}-{c[3]}-{c[1]}-{c[4]}")
+def test_calls_bound_to_the_device_give_the_plans_bits(case):
+    """A plan of one launch on the call's tensors binds, after its first call on a device, a
+    call that passes the new tensors' addresses to that device's compiled kernel: the same
+    bits as the first call, into fresh outputs every time."""
+    shape, dtype, fmt, block_size, axis = case
+    x = wide_range_input(shape, dtype, seed=5).to("cuda")
+    if axis == "transposed":
+        x, axis = x.t(), -1
+    ax = axis % x.dim()
+    n = x.shape[ax]
+    first = _quantize(x, fmt, block_size, ax)
+    first_out = tb.dequantize(first[1], first[0], fmt, block_size, torch.bfloat16, ax, n)
+    [qplan], [dplan] = _plans("quantize"), _plans("dequantize")
+    index = torch.cuda.current_device()
+    one_launch = block_size % fmt.codes_per_group == 0  # no packing pass
+    assert (qplan.device_calls is not None) == (one_launch and not qplan.copy)
+    assert (dplan.device_calls is not None) == one_launch
+    for plan in (qplan, dplan):
+        assert plan.device_calls is None or callable(plan.device_calls[index])
+    expected = quantize_mx_reference(x.cpu(), fmt, block_size, block_dim=ax)
+    _same(first[0], expected[0])
+    _same(first[1], expected[1])
+    for _ in range(2):
+        scale, data = _quantize(x.clone() if x.is_contiguous() else x.t().clone().t(), fmt,
+                                block_size, ax)
+        _same(scale, first[0])
+        _same(data, first[1])
+        assert data.data_ptr() != first[1].data_ptr()
+        out = tb.dequantize(data.clone(), scale.clone(), fmt, block_size, torch.bfloat16, ax, n)
+        _same(out, first_out)
+        assert out.data_ptr() != first_out.data_ptr()
+    assert len(_plans("quantize")) == len(_plans("dequantize")) == 1
+
+
+@pytest.mark.gpu
+@ON_CUDA
+@pytest.mark.parametrize("kind", ["quantize", "dequantize"])
+def test_a_launch_hook_takes_the_launches_through_triton(monkeypatch, kind):
+    x = wide_range_input((4, 64), torch.bfloat16, seed=6).to("cuda")
+    scale, data = _quantize(x)
+    call = (lambda: _quantize(x)) if kind == "quantize" else (
+        lambda: tb.dequantize(data, scale, FP4, 32, torch.bfloat16, 1, 64))
+    want = call()  # (the dequantize plan's first call)
+    [plan] = _plans(kind)
+    index = torch.cuda.current_device()
+    bound, taken = plan.device_calls[index], []
+    plan.device_calls[index] = lambda *tensors: taken.append(1) or bound(*tensors)
+    got = call()
+    assert taken == [1]
+    monkeypatch.setattr(tb, "hooks_installed", lambda: True)  # a profiler's hook
+    again = call()
+    assert taken == [1]
+    for a, b in ((got, want), (again, want)):
+        for t, u in zip(a, b) if kind == "quantize" else ((a, b),):
+            _same(t, u)

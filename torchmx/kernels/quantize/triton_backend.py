@@ -37,7 +37,8 @@ from ...numerics.modes import ROUNDING_BY_NAME, SCALE_MODE_BY_NAME
 from ...numerics.rounding import seed_key
 from .._common import decode_constants, device_capability, empty, interpreting
 from ..._memo import memo
-from .._launch import Launch, launch
+from .._launch import Launch, current_cuda_device, hooks_installed, launch
+from .backends import BOUND_CALLS
 
 __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "QuantizePlan",
            "DequantizePlan", "fake_quantize_rows", "fake_quantize_supported", "TUNING", "KNOBS"]
@@ -57,10 +58,12 @@ class _Settings(dict):
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
         _PLANS.clear()
+        BOUND_CALLS.clear()  # the ops' calls bound to the plans (`device_call`)
 
     def __delitem__(self, key):
         super().__delitem__(key)
         _PLANS.clear()
+        BOUND_CALLS.clear()  # the ops' calls bound to the plans (`device_call`)
 
 
 # Switches of the kernels' variants, read from the environment once, at import:
@@ -371,6 +374,25 @@ class _Launches:
 _X, _SCALE, _TARGET = _Ref("x"), _Ref("scale"), _Ref("target")
 
 
+def _on_addresses(launches: _Launches, bases: tuple) -> bool:
+    """Whether `launches` is one launch whose tensors are the call's tensors `bases`, in that
+    order, each seen where it starts (as itself, a view of another dtype, or as_strided with
+    no new offset): its arguments are then those tensors' addresses."""
+    if len(launches.launches) != 1:
+        return False
+    refs = launches.launches[0][1]
+    return [r.base for r in refs] == list(bases) and all(
+        r.strided is None or len(r.strided) == 2 for r in refs)
+
+
+def _bind(device_calls: dict, t: torch.Tensor, make) -> None:
+    """After a plan's launches ran for `t` on the current CUDA device: device_calls[index] =
+    make(index) (False where it gives none), once per device."""
+    index = t.get_device()
+    if index not in device_calls and index == current_cuda_device() and not hooks_installed():
+        device_calls[index] = make(index) or False
+
+
 def _launch_quantize(launches: _Launches, x3, view, strides, scale, data, fmt, block_size,
                      scale_mode, rounding, key, cpg, blocks_on_c: bool, hw_fp8: int):
     """Records the quantize kernel for x3 (as _X), scale (_SCALE) and the codes (_TARGET)."""
@@ -442,11 +464,31 @@ def quantize(data_hp: torch.Tensor, elem_dtype: dtypes.DType, block_size: int, s
     x = data_hp.reshape(1) if data_hp.dim() == 0 else data_hp
     if rounding == "stochastic":  # the seed is a kernel argument: no plan to keep
         return QuantizePlan(x, elem_dtype, block_size, scale_mode, rounding, axis, seed)(x)
+    return _quantize_plan(x, elem_dtype, block_size, scale_mode, rounding, axis)(x)
+
+
+def _quantize_plan(x, elem_dtype, block_size, scale_mode, rounding, axis) -> "QuantizePlan":
     key = ("quantize", x.shape, x.stride(), x.dtype, x.data_ptr() & 15, x.device, elem_dtype,
            block_size, scale_mode, rounding, axis)  # what QuantizePlan decides by
-    plan = memo(_PLANS, key, lambda: QuantizePlan(x, elem_dtype, block_size, scale_mode,
+    return memo(_PLANS, key, lambda: QuantizePlan(x, elem_dtype, block_size, scale_mode,
                                                      rounding, axis, None))
-    return plan(x)
+
+
+def device_call(kind: str, t: torch.Tensor, *arguments):
+    """The call of the plan of `quantize(t, *arguments)` or `dequantize(t, *arguments)`
+    (`kind`), after a call of it on t's device, bound to that device (the plans'
+    `device_calls`: `f(t)` or `f(t, scale)`, the tensors like those), or None where the
+    plan has none (not one launch on the call's tensors, stochastic rounding)."""
+    if kind == "quantize":
+        elem_dtype, block_size, scale_mode, rounding, axis, _ = arguments
+        if rounding == "stochastic":
+            return None
+        x = t.reshape(1) if t.dim() == 0 else t
+        plan = _quantize_plan(x, elem_dtype, block_size, scale_mode, rounding, axis)
+    else:
+        plan = _dequantize_plan(t, *arguments)
+    calls = plan.device_calls
+    return None if calls is None else calls.get(t.get_device()) or None
 
 
 class QuantizePlan:
@@ -462,6 +504,9 @@ class QuantizePlan:
         self.storage, self.shape = fmt.storage_dtype, shape
         self.reference = None  # the options of the reference numerics, where it runs instead
         self.launches = None  # no kernel for an empty input
+        # CUDA device index -> this plan's call bound to that device's compiled kernel
+        # (`_bind`), for a plan of one launch on the call's tensors' addresses; else None
+        self.device_calls = None
         if x.numel() == 0:
             return
         if _next_pow2(block_size) > _MAX_BLOCK_P:
@@ -484,6 +529,9 @@ class QuantizePlan:
                          scale_mode, rounding, key, cpg if self.direct else 1, inner == 1, hw_fp8)
         if not self.direct:
             _pack(self.launches, _TARGET, _Ref("data"), fmt, math.prod(shape[:axis]), n, inner)
+        if x.is_cuda and rounding != "stochastic" and self.direct and not self.copy \
+                and _on_addresses(self.launches, ("x", "scale", "target")):
+            self.device_calls = {}
 
     def _outputs(self, x: torch.Tensor):
         device = x.device
@@ -497,6 +545,11 @@ class QuantizePlan:
         return empty(self.shape, torch.uint8, x.device)
 
     def __call__(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.device_calls is not None:
+            index = x.get_device()
+            call = self.device_calls.get(index)
+            if call and index == current_cuda_device() and not hooks_installed():
+                return call(x)
         if self.reference is not None:
             from ...numerics.reference import quantize_mx_reference
             fmt, block_size, scale_mode, rounding, axis, seed = self.reference
@@ -506,18 +559,42 @@ class QuantizePlan:
         if self.launches is not None:
             self.launches.run({"x": x.contiguous() if self.copy else x, "scale": scale,
                                "target": self._target(x, data), "data": data})
+            if self.device_calls is not None:
+                _bind(self.device_calls, x, self._bind)
         return scale, data
+
+    def _bind(self, index: int):
+        """This plan's call on the compiled kernel of CUDA device `index` (Launch.direct, the
+        tensors passed as addresses: no argument table or views per call), or None."""
+        launch_ = self.launches.launches[0][0]
+        call = launch_.direct({}, launch_.slots)
+        if call is None:
+            return None
+        scale_shape, data_shape, storage = self.scale_shape, self.data_shape, self.storage
+        device, stream = torch.device("cuda", index), torch._C._cuda_getCurrentRawStream
+
+        def quantize(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+            scale = empty(scale_shape, torch.uint8, device)
+            data = empty(data_shape, storage, device)
+            call(stream(index), x.data_ptr(), scale.data_ptr(), data.data_ptr())
+            return scale, data
+        return quantize
 
 
 def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes.DType,
                block_size: int, target_dtype: torch.dtype, axis: int, n: int) -> torch.Tensor:
     """Same contract as numerics.dequantize_mx_reference, for validated arguments."""
+    return _dequantize_plan(data_lp, scale_u8, elem_dtype, block_size, target_dtype, axis,
+                            n)(data_lp, scale_u8)
+
+
+def _dequantize_plan(data_lp, scale_u8, elem_dtype, block_size, target_dtype, axis,
+                     n) -> "DequantizePlan":
     key = ("dequantize", data_lp.shape, data_lp.stride(), data_lp.dtype, data_lp.data_ptr() & 15,
            scale_u8.shape, scale_u8.stride(), scale_u8.data_ptr() & 15, data_lp.device,
            elem_dtype, block_size, target_dtype, axis, n)  # what DequantizePlan decides by
-    plan = memo(_PLANS, key, lambda: DequantizePlan(data_lp, scale_u8, elem_dtype, block_size,
+    return memo(_PLANS, key, lambda: DequantizePlan(data_lp, scale_u8, elem_dtype, block_size,
                                                        target_dtype, axis, n))
-    return plan(data_lp, scale_u8)
 
 
 class DequantizePlan:
@@ -535,6 +612,7 @@ class DequantizePlan:
         self.reference = None  # the options of the reference numerics, where it runs instead
         self.launches = None  # no kernel for an empty output
         self.unpack = False
+        self.device_calls = None  # as QuantizePlan's: `bound` per CUDA device index
         if math.prod(shape) == 0:
             return
         if _next_pow2(block_size) > _MAX_BLOCK_P:
@@ -583,8 +661,16 @@ class DequantizePlan:
             launches.add(td.dequantize_cols_kernel, grid,
                 source, _SCALE, out, n, inner, tiles_r, tiles_c, blocks, groups,
                 TILE_NB=tile_nb, TILE_C=tile_c, GRID=grid_kind, num_warps=warps, **common)
+        if data_lp.is_cuda and data_lp.is_contiguous() and scale_u8.is_contiguous() \
+                and _on_addresses(launches, ("data", "scale", "out")):
+            self.device_calls = {}
 
     def __call__(self, data_lp: torch.Tensor, scale_u8: torch.Tensor) -> torch.Tensor:
+        if self.device_calls is not None:
+            index = data_lp.get_device()
+            call = self.device_calls.get(index)
+            if call and index == current_cuda_device() and not hooks_installed():
+                return call(data_lp, scale_u8)
         if self.reference is not None:
             from ...numerics.reference import dequantize_mx_reference
             fmt, block_size, target_dtype, axis, n = self.reference
@@ -599,6 +685,8 @@ class DequantizePlan:
             if self.unpack:
                 tensors["codes"] = empty(self.shape, torch.uint8, device)
             self.launches.run(tensors)
+            if self.device_calls is not None:
+                _bind(self.device_calls, data_lp, lambda _: self.bound(data_lp, scale_u8))
         return out
 
     def bound(self, data_lp: torch.Tensor, scale_u8: torch.Tensor):
