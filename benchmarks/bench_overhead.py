@@ -114,6 +114,12 @@ def entry_points(device: torch.device):
 
 def host_table(device: torch.device, out) -> None:
     cases, baselines = entry_points(device)
+    # one untimed pass over every call first: the first timed row was slower than the same
+    # work timed later, its baseline too (H200 hosts: `x + 1` 11.9 and 12.2 us in the first
+    # row, 8.2-8.6 us in the others, overhead_2026-11-28_1636/_1645)
+    for _, fn, base_name, _ in cases:
+        wall_us(fn, 400, 1, warmup=0, device=device)
+        wall_us(baselines[base_name], 400, 1, warmup=0, device=device)
     print(f"\nhost cost per call on {device.type} (us; tiny tensors, grad mode on, "
           f"{torch.get_num_threads()} thread(s); each call timed in alternation with its "
           f"baseline)", file=out)
