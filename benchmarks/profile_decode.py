@@ -8,7 +8,7 @@ cProfile and under torch.profiler (the kernels launched per forward).
 
 Prints, per model: the wall time of a forward with and without a synchronize at the end
 (the host time alone, when the GPU keeps up), the functions with the most own host time, and
-the GPU kernels of one forward with their counts.
+the GPU kernels of one forward with their counts and durations.
 """
 
 import argparse
@@ -36,15 +36,14 @@ def _profile(fn, top: int) -> str:
 
 
 def _kernels(fn) -> str:
+    """The GPU kernels of one call of fn: count, mean and total duration (us)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    counts = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            counts[event.name] = counts.get(event.name, 0) + 1
-    return "\n".join(f"  {n:4d}  {name[:100]}" for name, n in sorted(counts.items(),
-                                                                    key=lambda kv: -kv[1]))
+    rows = sorted(((e.count, e.device_time_total, e.key) for e in prof.key_averages()
+                   if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda r: -r[1])
+    return "\n".join(f"  {n:4d} x {total / max(n, 1):7.1f} us = {total:8.1f} us  {name[:90]}"
+                     for n, total, name in rows)
 
 
 def main() -> None:
