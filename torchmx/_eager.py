@@ -1,9 +1,9 @@
 """When a call may take the short way: straight to the implementation, below autograd and the
 operator dispatcher.
 
-Outside torch.compile / torch.export / torch.jit.trace tracing, under no TorchDispatchMode (fake tensors,
-functionalization, profilers that count ops) and no torch.func transform (vmap, grad), and with
-no gradient asked of its tensors, a call
+Outside torch.compile / torch.export / torch.jit.trace tracing, under no TorchDispatchMode
+(fake tensors, functionalization, profilers that count ops) and no torch.func transform (vmap,
+grad), and with no gradient asked of its tensors, a call
 through an autograd.Function and a torchmx operator computes exactly what calling the
 operator's implementation computes; the layers only add host time. Everywhere else the full
 path runs, so compiled and exported graphs keep the operators.

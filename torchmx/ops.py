@@ -48,14 +48,12 @@ def _accepted(key, check, *arguments):
 
 # CUDA calls whose plan is one kernel launch on the call's tensors, after their first call:
 # (everything the checks and the plan look at: the device, the tensors' shapes, strides,
-# dtypes and alignments, the arguments as given) -> the plan's call bound to the device
-# (triton_backend.device_call), or False where there is none. A later call of the same kind
-# is one lookup, its outputs' allocations and the launch.
-_BOUND = backends.BOUND_CALLS
-
-
+# dtypes and alignments, the arguments as given) -> the plan's call bound to the device, or
+# False where there is none (the Triton backend's BOUND_CALLS, dropped with its plans). A
+# later call of the same kind is one lookup, its outputs' allocations and the launch.
 def _bound_call(key: tuple):
-    call = _BOUND.get(key)
+    backend = triton_kernels()
+    call = None if backend is None else backend.BOUND_CALLS.get(key)
     if call and key[0] == _current_cuda_device() and not backends.FORCE_REFERENCE \
             and not hooks_installed():
         return call
@@ -63,8 +61,13 @@ def _bound_call(key: tuple):
 
 
 def _bind(key: tuple, kind: str, tensor: torch.Tensor, *arguments) -> None:
-    if key not in _BOUND and backend_for(tensor.device) == "triton":
-        memo(_BOUND, key, lambda: triton_kernels().device_call(kind, tensor, *arguments) or False)
+    if backend_for(tensor.device) != "triton":
+        return
+    table = triton_kernels().BOUND_CALLS
+    if table.get(key) is None:
+        call = triton_kernels().device_call(kind, tensor, *arguments)
+        if call is not None:  # (None: the plan's call is not bound yet)
+            memo(table, key, lambda: call)
 
 
 def _validate_quantize(data_hp, elem_dtype_name, block_size, scale_mode, rounding, block_dim):

@@ -171,14 +171,15 @@ def test_compiled_graphs_keep_the_operators():
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 def test_cuda_calls_bound_after_their_first_give_its_bits(monkeypatch, fmt):
     """After a first CUDA call of a kind, a quantize / dequantize op call of that kind is one
-    lookup (kernels/quantize/backends.BOUND_CALLS) and its plan's launch: the first call's bits,
-    fresh outputs; a tuning setting written drops the bound calls with the plans."""
+    lookup (kernels/quantize/triton_backend.BOUND_CALLS) and its plan's launch: the first
+    call's bits, fresh outputs; a tuning setting written drops the bound calls with the
+    plans."""
     from torchmx.kernels.quantize import backends, triton_backend
-    backends.BOUND_CALLS.clear()
+    triton_backend.BOUND_CALLS.clear()
     x = wide_range_input((16, 96), torch.bfloat16, seed=7).to("cuda")
     first = torch.ops.torchmx.quantize_mx(x, fmt.name, 32)
     back = torch.ops.torchmx.dequantize_mx(first[1], first[0], fmt.name, 32, torch.bfloat16)
-    bound = [call for call in backends.BOUND_CALLS.values() if call]
+    bound = [call for call in triton_backend.BOUND_CALLS.values() if call]
     assert len(bound) == 2  # one launch each for every format at block 32
     for op in (torch.ops.torchmx, ops):
         scale, data = op.quantize_mx(x.clone(), fmt.name, 32)
@@ -187,7 +188,7 @@ def test_cuda_calls_bound_after_their_first_give_its_bits(monkeypatch, fmt):
         again = op.dequantize_mx(data, scale, fmt.name, 32, torch.bfloat16)
         assert torch.equal(bit_view(again), bit_view(back))
     monkeypatch.setitem(triton_backend.KNOBS, "thread_rows", triton_backend.KNOBS["thread_rows"])
-    assert not backends.BOUND_CALLS
+    assert not triton_backend.BOUND_CALLS
     monkeypatch.setattr(backends, "FORCE_REFERENCE", True)  # read at every call
     scale, data = ops.quantize_mx(x, fmt.name, 32)
     assert torch.equal(scale, first[0]) and torch.equal(data, first[1])
@@ -195,4 +196,4 @@ def test_cuda_calls_bound_after_their_first_give_its_bits(monkeypatch, fmt):
     nan = torch.isnan(ref)  # (the reference's NaN bits are the platform's)
     assert torch.equal(nan, torch.isnan(back))
     assert torch.equal(bit_view(ref.masked_fill(nan, 0)), bit_view(back.masked_fill(nan, 0)))
-    assert not backends.BOUND_CALLS
+    assert not triton_backend.BOUND_CALLS

@@ -9,16 +9,11 @@ import torch
 
 from ... import cpu_kernels
 
-__all__ = ["backend_for", "triton_kernels", "FORCE_REFERENCE", "BOUND_CALLS"]
+__all__ = ["backend_for", "triton_kernels", "FORCE_REFERENCE"]
 
 # Whether every op runs the reference numerics (TORCHMX_BACKEND=reference at import). Read here
 # once, not at every call; tests set this attribute.
 FORCE_REFERENCE = os.environ.get("TORCHMX_BACKEND") == "reference"
-
-# The quantize / dequantize ops' CUDA calls bound to their Triton plans' kernels (ops.py; the
-# plans' `device_call`), by the ops' own keys of a call. The Triton backend empties it when it
-# drops its plans (a tuning setting written).
-BOUND_CALLS = {}
 
 
 @functools.lru_cache(maxsize=None)

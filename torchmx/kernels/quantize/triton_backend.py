@@ -38,10 +38,10 @@ from ...numerics.rounding import seed_key
 from .._common import decode_constants, device_capability, empty, interpreting
 from ..._memo import memo
 from .._launch import Launch, current_cuda_device, hooks_installed, launch
-from .backends import BOUND_CALLS
 
 __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "QuantizePlan",
-           "DequantizePlan", "fake_quantize_rows", "fake_quantize_supported", "TUNING", "KNOBS"]
+           "DequantizePlan", "fake_quantize_rows", "fake_quantize_supported", "TUNING", "KNOBS",
+           "BOUND_CALLS", "device_call"]
 
 # The kernels' SCALE_MODE / ROUNDING constexprs, by the names users pass (plain ints: what
 # Triton keys its specializations by).
@@ -49,6 +49,9 @@ _SCALE_MODE = {name: int(mode) for name, mode in SCALE_MODE_BY_NAME.items()}
 _ROUNDING = {name: int(rounding) for name, rounding in ROUNDING_BY_NAME.items()}
 
 _PLANS: Dict[tuple, object] = {}  # the plans of quantize / dequantize, by what they depend on
+# The quantize / dequantize operators' calls bound to their plans' kernels (`device_call`), by
+# the operators' own keys of a call (torchmx/ops.py): dropped with the plans.
+BOUND_CALLS: Dict[tuple, object] = {}
 
 
 class _Settings(dict):
@@ -58,12 +61,12 @@ class _Settings(dict):
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
         _PLANS.clear()
-        BOUND_CALLS.clear()  # the ops' calls bound to the plans (`device_call`)
+        BOUND_CALLS.clear()
 
     def __delitem__(self, key):
         super().__delitem__(key)
         _PLANS.clear()
-        BOUND_CALLS.clear()  # the ops' calls bound to the plans (`device_call`)
+        BOUND_CALLS.clear()
 
 
 # Switches of the kernels' variants, read from the environment once, at import:
@@ -476,19 +479,20 @@ def _quantize_plan(x, elem_dtype, block_size, scale_mode, rounding, axis) -> "Qu
 
 def device_call(kind: str, t: torch.Tensor, *arguments):
     """The call of the plan of `quantize(t, *arguments)` or `dequantize(t, *arguments)`
-    (`kind`), after a call of it on t's device, bound to that device (the plans'
-    `device_calls`: `f(t)` or `f(t, scale)`, the tensors like those), or None where the
-    plan has none (not one launch on the call's tensors, stochastic rounding)."""
+    (`kind`) bound to t's device (the plans' `device_calls`: `f(t)` or `f(t, scale)`, the
+    tensors like those); False where the plan has none (not one launch on the call's tensors,
+    stochastic rounding, no bound call on this device), None where it is not bound yet (no
+    call of it has run on this device)."""
     if kind == "quantize":
         elem_dtype, block_size, scale_mode, rounding, axis, _ = arguments
         if rounding == "stochastic":
-            return None
+            return False
         x = t.reshape(1) if t.dim() == 0 else t
         plan = _quantize_plan(x, elem_dtype, block_size, scale_mode, rounding, axis)
     else:
         plan = _dequantize_plan(t, *arguments)
     calls = plan.device_calls
-    return None if calls is None else calls.get(t.get_device()) or None
+    return False if calls is None else calls.get(t.get_device())
 
 
 class QuantizePlan:
