@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import torchmx  # noqa: F401
 from formats import FORMAT_IDS, FORMATS, bit_view, wide_range_input
 from torchmx import ops
 from torchmx._library import _plain_types
