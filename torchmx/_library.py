@@ -31,6 +31,7 @@ from ._memo import memo
 __all__ = ["custom_op"]
 
 _function_mode_on = torch._C._is_torch_function_mode_enabled
+_is_compiling = torch.compiler.is_compiling
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 _LIBRARY = torch.library.Library("torchmx", "FRAGMENT")  # noqa: TOR901 - kept for the process
@@ -56,6 +57,8 @@ class CustomOp:
         self._kinds = {}
 
     def __call__(self, *args, **kwargs):
+        if _is_compiling():  # (first: torch.compile traces nothing but the operator call)
+            return self.default(*args, **kwargs)
         if kwargs:
             kind = (tuple(map(type, args)), tuple(kwargs), tuple(map(type, kwargs.values())))
         else:
