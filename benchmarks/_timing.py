@@ -122,3 +122,17 @@ def profiled(fn, calls: int) -> cProfile.Profile:
     profiler.disable()
     torch.cuda.synchronize()
     return profiler
+
+
+def kernel_table(fn) -> str:
+    """The GPU kernels of one call of fn (after one untimed call): count, mean and total
+    duration (us), the longest total first (torch.profiler)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = sorted(((e.count, e.device_time_total, e.key) for e in prof.key_averages()
+                   if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda r: -r[1])
+    return "\n".join(f"  {n:4d} x {total / max(n, 1):7.1f} us = {total:8.1f} us  {name[:90]}"
+                     for n, total, name in rows)

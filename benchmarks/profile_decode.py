@@ -20,7 +20,7 @@ import torch
 
 from torchmx.nn.inference_linear import prepack_weights
 
-from _timing import profiled, wall_us
+from _timing import kernel_table, profiled, wall_us
 from bench_overhead import decode_models
 
 
@@ -33,17 +33,6 @@ def _profile(fn, top: int) -> str:
     stats = pstats.Stats(profiled(fn, 20), stream=text)
     stats.sort_stats("tottime").print_stats(top)
     return text.getvalue()
-
-
-def _kernels(fn) -> str:
-    """The GPU kernels of one call of fn: count, mean and total duration (us)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    rows = sorted(((e.count, e.device_time_total, e.key) for e in prof.key_averages()
-                   if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda r: -r[1])
-    return "\n".join(f"  {n:4d} x {total / max(n, 1):7.1f} us = {total:8.1f} us  {name[:90]}"
-                     for n, total, name in rows)
 
 
 def main() -> None:
@@ -85,7 +74,7 @@ def main() -> None:
                               f"frames compiled {counters['stats'].get('unique_graphs', 0)}")
                     if name == "bf16" and fn is model:
                         continue
-                    print(_kernels(step))
+                    print(kernel_table(step))
                     print(_profile(step, options.top))
 
 

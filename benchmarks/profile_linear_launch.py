@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torchmx.kernels.linear import dispatch
 from torchmx.nn import inference_linear
 
-from _timing import profiled, wall_us
+from _timing import kernel_table, profiled, wall_us
 from bench_overhead import decode_models
 
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -153,18 +153,6 @@ def mlp_table(models, out, compile_: bool, deadline: float) -> None:
                   f"{host(lambda: compiled(x), 50, 7):.1f} us, "
                   + attempt("GPU kernels", lambda: kernel_us(lambda: compiled(x))) + " us ---", file=out)
             print(top(lambda: compiled(x), 28, calls=20), file=out)
-
-
-def kernel_table(fn) -> str:
-    """Each GPU kernel of one call of fn: count and mean duration (us)."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    rows = [(e.key, e.count, e.device_time_total / max(e.count, 1)) for e in prof.key_averages()
-            if e.device_type == torch.autograd.DeviceType.CUDA]
-    return "\n".join(f"    {n:3d} x {t:7.1f} us  {k[:70]}" for k, n, t in rows)
 
 
 def _layer_line(layer, inp, _launch) -> str:
