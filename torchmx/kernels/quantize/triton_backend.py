@@ -388,7 +388,7 @@ def _on_addresses(launches: _Launches, bases: tuple) -> bool:
         r.strided is None or len(r.strided) == 2 for r in refs)
 
 
-def _bind(device_calls: dict, t: torch.Tensor, make) -> None:
+def _bind_device_call(device_calls: dict, t: torch.Tensor, make) -> None:
     """After a plan's launches ran for `t` on the current CUDA device: device_calls[index] =
     make(index) (False where it gives none), once per device."""
     index = t.get_device()
@@ -509,7 +509,7 @@ class QuantizePlan:
         self.reference = None  # the options of the reference numerics, where it runs instead
         self.launches = None  # no kernel for an empty input
         # CUDA device index -> this plan's call bound to that device's compiled kernel
-        # (`_bind`), for a plan of one launch on the call's tensors' addresses; else None
+        # (`_device_call`), for a plan of one launch on the call's tensors' addresses; else None
         self.device_calls = None
         if x.numel() == 0:
             return
@@ -564,10 +564,10 @@ class QuantizePlan:
             self.launches.run({"x": x.contiguous() if self.copy else x, "scale": scale,
                                "target": self._target(x, data), "data": data})
             if self.device_calls is not None:
-                _bind(self.device_calls, x, self._bind)
+                _bind_device_call(self.device_calls, x, self._device_call)
         return scale, data
 
-    def _bind(self, index: int):
+    def _device_call(self, index: int):
         """This plan's call on the compiled kernel of CUDA device `index` (Launch.direct, the
         tensors passed as addresses: no argument table or views per call), or None."""
         launch_ = self.launches.launches[0][0]
@@ -690,7 +690,8 @@ class DequantizePlan:
                 tensors["codes"] = empty(self.shape, torch.uint8, device)
             self.launches.run(tensors)
             if self.device_calls is not None:
-                _bind(self.device_calls, data_lp, lambda _: self.bound(data_lp, scale_u8))
+                _bind_device_call(self.device_calls, data_lp,
+                                  lambda _: self.bound(data_lp, scale_u8))
         return out
 
     def bound(self, data_lp: torch.Tensor, scale_u8: torch.Tensor):
@@ -703,13 +704,10 @@ class DequantizePlan:
         Launch.direct gives none (the interpreter, a launch hook, no call yet on the current
         device) or where the tensors are not on the current device."""
         if self.reference is not None or self.launches is None or self.unpack \
-                or len(self.launches.launches) != 1 \
+                or not _on_addresses(self.launches, ("data", "scale", "out")) \
                 or not (data_lp.is_contiguous() and scale_u8.is_contiguous()):
             return None
-        launch_, refs = self.launches.launches[0]
-        if [(r.base, r.strided, r.dtype) for r in refs] != [
-                ("data", None, None), ("scale", None, None), ("out", None, None)]:
-            return None
+        launch_ = self.launches.launches[0][0]
         index = torch._C._cuda_getDevice()
         if data_lp.device.index != index or scale_u8.device.index != index:
             return None
