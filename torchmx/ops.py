@@ -63,9 +63,10 @@ def _bound_call(key: tuple):
 def _bind(key: tuple, kind: str, tensor: torch.Tensor, *arguments) -> None:
     if backend_for(tensor.device) != "triton":
         return
-    table = triton_kernels().BOUND_CALLS
+    backend = triton_kernels()
+    table = backend.BOUND_CALLS
     if table.get(key) is None:
-        call = triton_kernels().device_call(kind, tensor, *arguments)
+        call = backend.device_call(kind, tensor, *arguments)
         if call is not None:  # (None: the plan's call is not bound yet)
             memo(table, key, lambda: call)
 
