@@ -138,6 +138,19 @@ def test_a_call_of_a_new_kind_is_checked_again(counted):
     assert ops.quantize_mx._kinds[(torch.Tensor, str, int)] == ((0,), ())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_profile_names_direct_calls_as_the_operators(counted, device):
+    x = torch.randn(2, 64, device=device)
+    with torch.profiler.profile() as profile:
+        scale, data = ops.quantize_mx(x, "float4_e2m1", 32)
+        ops.dequantize_mx(data, scale, "float4_e2m1", 32, torch.float32)
+    names = [event.name for event in profile.events()]
+    assert names.count("torchmx::quantize_mx") == names.count("torchmx::dequantize_mx") == 1
+    assert counted[0].calls == counted[1].calls == 0  # still direct: no dispatcher
+    ops.quantize_mx(x, "float4_e2m1", 32)  # and unprofiled again
+    assert counted[0].calls == 0
+
+
 def test_plain_types_of_annotations():
     from typing import List, Optional
     assert _plain_types(torch.Tensor) == (torch.Tensor, torch.nn.Parameter)
