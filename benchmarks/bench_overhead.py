@@ -1,7 +1,7 @@
 """Host cost per call of every public entry point, and a Llama MLP decode three ways.
 
     python benchmarks/bench_overhead.py                 # CPU (one thread) and, if present, CUDA
-    python benchmarks/bench_overhead.py --device cuda --mlp --large-m
+    python benchmarks/bench_overhead.py --device cuda --mlp --large-m --qat
     python benchmarks/bench_overhead.py --save          # also writes benchmarks/results/
 
 1. Host cost: the wall time of a loop of calls on a tiny tensor (1 x 64 on CPU, 16 x 64 on
@@ -35,9 +35,16 @@
    later in this process); `--save` then names the file `..._static-launch.txt`.
 3. --large-m (CUDA): F.linear of 8192 rows with an MXFP4 weight [8192, 8192], eager, against
    eager cuBLAS bf16 on the dequantized weight (the results must be equal bit for bit).
+4. --qat (CUDA): training steps of the same 4 MLP blocks on 8192 tokens, eager (forward, a
+   mean-square loss, backward, AdamW), bf16 against `prepare_qat_` MXLinear layers (MXFP8:
+   float8_e4m3 weights and activations; MXFP4: float4_e2m1 weights, float8_e4m3 activations).
+   First, each MX model's first linear must equal F.linear of its operands quantized by the
+   reference numerics, bit for bit, and every model's first loss be finite. The models then
+   take turns, a few steps each, round after round; the ratios are per round.
 """
 
 import argparse
+import copy
 import datetime
 import io
 import pathlib
@@ -173,7 +180,6 @@ class _Preallocated(nn.Module):
 
 def _floor_stack(reference: MLPStack, rows: int) -> MLPStack:
     """`reference`'s blocks with every linear a _Preallocated of its output's shape."""
-    import copy
     stack = copy.deepcopy(reference)
     for block in stack.blocks:
         for name, linear in list(block.items()):
@@ -258,6 +264,70 @@ def _static_user_launch() -> bool:
     return bool(getattr(inductor_config, "static_launch_user_defined_triton_kernels", False))
 
 
+QAT_RECIPES = {  # name -> (weights, activations): MXLinear's forward quantizes both
+    "MXFP8 QAT": ("float8_e4m3", "float8_e4m3"),
+    "MXFP4 QAT": ("float4_e2m1", "float8_e4m3"),
+}
+
+
+def _fake_quantized(t: torch.Tensor, fmt: str) -> torch.Tensor:
+    """t's MX values by the reference numerics (torchmx/numerics/reference.py), in t's dtype."""
+    from torchmx.numerics import dequantize_mx_reference, quantize_mx_reference
+    scale, data = quantize_mx_reference(t, fmt, 32)
+    return dequantize_mx_reference(data, scale, fmt, 32, t.dtype, block_dim_size=t.shape[-1])
+
+
+def qat_table(out, tokens=8192, steps=5, rounds=5, hidden=4096, intermediate=14336,
+              device="cuda") -> None:
+    """Training steps of the 4 MLP blocks on `tokens` tokens (8 sequences), eager: forward, a
+    mean-square loss, backward and AdamW, bf16 against `prepare_qat_` MXLinear layers."""
+    torch.manual_seed(0)
+    reference = MLPStack(hidden, intermediate, device=device)
+    models = {"bf16": reference}
+    for name, (weights, activations) in QAT_RECIPES.items():
+        model = copy.deepcopy(reference)
+        torchmx.prepare_qat_(model, QLinearConfig(MXConfig(weights), MXConfig(activations)),
+                             progress=False)
+        models[name] = model
+    x = torch.randn(8, tokens // 8, hidden, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():  # first: an MX layer's forward is the reference numerics' product
+        for name, (weights, activations) in QAT_RECIPES.items():
+            gate = models[name].blocks[0]["gate"]
+            expected = F.linear(_fake_quantized(x, activations),
+                                _fake_quantized(gate.weight, weights))
+            if not torch.equal(gate(x), expected):
+                raise SystemExit(f"QAT: {name}'s first linear differs from F.linear of the "
+                                 "reference's quantized operands")
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-5)
+                  for name, m in models.items()}
+
+    def step(name):
+        loss = models[name](x).float().square().mean()
+        loss.backward()
+        optimizers[name].step()
+        optimizers[name].zero_grad(set_to_none=True)
+        return loss
+
+    for name in models:
+        if not torch.isfinite(step(name)):
+            raise SystemExit(f"QAT: {name}'s loss is not finite")
+    times = {name: [] for name in models}
+    for _ in range(rounds):  # the models take turns, so a drift of the clocks hits all alike
+        for name in models:
+            times[name].append(wall_us(lambda: step(name), steps, 1, warmup=1,
+                                       device=device) / 1000)
+    print(f"\n4 Llama MLP blocks (H {hidden}, I {intermediate}), QAT training steps of {tokens} "
+          f"tokens, eager (forward, mean-square loss, backward, AdamW), ms per step, median of "
+          f"{rounds} rounds of {steps} steps", file=out)
+    base = times["bf16"]
+    for name, ms in times.items():
+        ratios = sorted(a / b for a, b in zip(ms, base))
+        print(f"{name:<10}{statistics.median(ms):9.2f} ms   {statistics.median(ratios):5.3f}x "
+              f"of bf16 (rounds {ratios[0]:.3f}-{ratios[-1]:.3f})", file=out)
+    print("target (issue #44): QAT steps keep their speed, 1.01-1.03x of bf16 before the "
+          "issue's changes", file=out)
+
+
 def large_m_table(out) -> None:
     torch.manual_seed(0)
     w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -278,6 +348,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="all")
     parser.add_argument("--mlp", action="store_true", help="the MLP decode table (CUDA)")
     parser.add_argument("--large-m", action="store_true", help="8192 rows (CUDA)")
+    parser.add_argument("--qat", action="store_true", help="QAT training steps (CUDA)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16],
                         help="activation rows of the MLP decode table")
     parser.add_argument("--save", action="store_true", help="also write benchmarks/results/")
@@ -305,6 +376,8 @@ def main() -> None:
             mlp_table(tee, options.rows)
         if options.large_m:
             large_m_table(tee)
+        if options.qat:
+            qat_table(tee)
     if options.save:
         RESULTS.mkdir(exist_ok=True)
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
