@@ -24,10 +24,10 @@
    residual add and the module calls. bf16 eager over that floor bounds the eager speedup any
    linear could give; the compiled counterpart is printed beside it. Graph breaks and
    recompilations of the compiled models are counted. Every eager time of a row count is taken
-   before any model of it is compiled, and again after all compiles (the last column): eager
-   MXFP4 timed right after compiling it was 1.5-1.7x slower than MXFP8 in two H200 runs, and as
-   fast when timed before any compile in another (a compile may leave work behind in the
-   process, such as inductor's compile workers starting); the two columns tell.
+   before any model of it is compiled, and again after all compiles (the last column), with
+   the eager models taking turns round after round after an untimed pass over all of them: a
+   compile, or a first kernel compile, may leave work behind in the process (inductor's
+   compile workers starting), which would otherwise weigh on whichever model came next.
    The table's header says whether inductor launches user-defined Triton kernels (the MX
    linears' under torch.compile) through its own static launcher, which
    `TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1` in the environment switches on
@@ -193,6 +193,19 @@ def _gpu_time_us(fn, calls=50, rounds=9) -> float:
     return wall_us(fn, calls, rounds)
 
 
+def _eager_us(stacks: dict, x, calls=50, rounds=9) -> dict:
+    """name -> median wall us per forward of each eager stack: an untimed pass over all first
+    (Triton compiles, bound products), then the stacks take turns, round after round, so that
+    a slow stretch of the host reaches every stack alike."""
+    for stack in stacks.values():
+        wall_us(lambda: stack(x), calls, 1)
+    times = {name: [] for name in stacks}
+    for _ in range(rounds):
+        for name, stack in stacks.items():
+            times[name].append(wall_us(lambda: stack(x), calls, 1, warmup=1))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def decode_models(formats=("MXFP4", "MXFP8")) -> dict:
     """{"bf16": MLPStack(), and for each name in `formats` its copy with `quantize_linear_`
     weights (MXFP4: float4_e2m1, MXFP8: float8_e4m3)}, the same bf16 weights (seed 0)."""
@@ -224,7 +237,7 @@ def mlp_table(out, row_counts=(1, 16)) -> None:
             floor = _floor_stack(models["bf16"], rows)
             stacks = dict(models, floor=floor)
             # every eager time before any compile of this row count (see the docstring)
-            eager = {name: _gpu_time_us(lambda: stack(x)) for name, stack in stacks.items()}
+            eager = _eager_us(stacks, x)
             times = {}
             for name, stack in stacks.items():
                 torch._dynamo.reset()
@@ -242,7 +255,7 @@ def mlp_table(out, row_counts=(1, 16)) -> None:
                                   f"(max |diff| {diff:.3g})", file=out)
                 times[name] = [eager[name], _gpu_time_us(lambda: compiled(x)),
                                None if graphs is None else _gpu_time_us(lambda: graphs(x))]
-            after = {name: _gpu_time_us(lambda: stack(x)) for name, stack in stacks.items()}
+            after = _eager_us(stacks, x)
             b = times["bf16"]
             for name, (e, c, g) in times.items():
                 if name == "floor":

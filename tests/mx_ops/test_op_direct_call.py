@@ -144,7 +144,9 @@ def test_a_profile_names_direct_calls_as_the_operators(counted, device):
     with torch.profiler.profile() as profile:
         scale, data = ops.quantize_mx(x, "float4_e2m1", 32)
         ops.dequantize_mx(data, scale, "float4_e2m1", 32, torch.float32)
-    names = [event.name for event in profile.events()]
+    # (on CUDA the profile also shows the range on the GPU's timeline: its CPU events here)
+    names = [event.name for event in profile.events()
+             if event.device_type == torch.autograd.DeviceType.CPU]
     assert names.count("torchmx::quantize_mx") == names.count("torchmx::dequantize_mx") == 1
     assert counted[0].calls == counted[1].calls == 0  # still direct: no dispatcher
     ops.quantize_mx(x, "float4_e2m1", 32)  # and unprofiled again
