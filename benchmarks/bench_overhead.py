@@ -60,6 +60,7 @@ import torchmx
 from torchmx import MXTensor
 from torchmx.config import MXConfig, QLinearConfig
 from torchmx.kernels import quantize_mx_rowwise_colwise
+from torchmx._allocation import allocator
 from torchmx.kernels._common import empty
 
 from _timing import wall_us
@@ -137,13 +138,18 @@ def host_table(device: torch.device, out) -> None:
         verdict = "" if target is None else f"<= {target:g}" + (" ok" if ratio <= target else " MISS")
         print(f"{name:<22}{us:9.1f}  {base_name:<11}{base:8.1f}{ratio:8.2f}x "
               f"{verdict}", file=out)
-    # the outputs every kernel call allocates (torchmx/kernels/_common.py `empty`)
+    # the outputs kernel calls allocate: torchmx/kernels/_common.py `empty` on general paths,
+    # torchmx/_allocation.py `allocator` (PyTorch's C allocator) on bound ones
     shape = (16, 64)
     sizes, together = paired_us(lambda: empty(shape, torch.uint8, device),
                                 lambda: torch.empty(shape, dtype=torch.uint8, device=device),
                                 device)
     print(f"{'torch.empty(*sizes)':<22}{sizes:9.1f}  {'(sizes)':<11}{together:8.1f}"
           f"{sizes / together:8.2f}x  (torch.empty's sizes one by one / as one tuple)", file=out)
+    new = allocator(shape, torch.uint8, device)
+    c_allocator, sizes = paired_us(new, lambda: empty(shape, torch.uint8, device), device)
+    print(f"{'C allocator':<22}{c_allocator:9.1f}  {'*sizes':<11}{sizes:8.1f}"
+          f"{c_allocator / sizes:8.2f}x  (torchmx/_allocation.py / torch.empty(*sizes))", file=out)
 
 
 def _mlp_blocks(hidden, intermediate, blocks, device):

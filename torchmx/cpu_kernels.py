@@ -28,6 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import dtypes
+from ._allocation import allocator
 from ._memo import memo
 from .numerics import decode
 from .numerics.packing import packed_length
@@ -128,6 +129,7 @@ def _entry_points() -> Tuple:
 
 
 _HUGE_PAGE = 1 << 21
+_CPU = torch.device("cpu")
 _MADV_HUGEPAGE = 14
 
 
@@ -253,10 +255,10 @@ def _split(shape, axis) -> Tuple[int, int, int]:
 
 
 def _allocator(shape, dtype: torch.dtype):
-    """A function () -> a new output of this shape and dtype: torch.empty, or _new_output for
-    an output large enough to want huge pages."""
+    """A function () -> a new output of this shape and dtype: PyTorch's C allocator
+    (_allocation.py), or _new_output for an output large enough to want huge pages."""
     if math.prod(shape) * dtype.itemsize < 3 * _HUGE_PAGE:
-        return functools.partial(torch.empty, shape, dtype=dtype)
+        return allocator(shape, dtype, _CPU)
     return functools.partial(_new_output, shape, dtype)
 
 

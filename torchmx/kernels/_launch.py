@@ -34,6 +34,7 @@ import inspect
 
 import torch
 
+from .._allocation import allocator
 from ._common import empty
 
 __all__ = ["launch", "Launch", "hooks_installed", "current_cuda_device", "bound_product",
@@ -219,17 +220,20 @@ def bound_product(main, reduce, out_shape: tuple, out_dtype: torch.dtype, device
     of `out_shape` (contiguous: any shape of the planned output's elements) stands in for an
     absent bias and for absent partials, as the plans' calls do."""
     current_stream, index = torch._C._cuda_getCurrentRawStream, device.index
+    new_out = allocator(out_shape, out_dtype, device)  # (its callers run it on `device`)
     if reduce is None:
         def product(x, bias):
-            out = empty(out_shape, out_dtype, device)
+            out = new_out()
             address = out.data_ptr()
             main(current_stream(index), x, address if bias is None else bias, address, address)
             return out
         return product
 
+    new_partials = allocator(partials_shape, torch.float32, device)
+
     def split_product(x, bias):
-        out = empty(out_shape, out_dtype, device)
-        partials = empty(partials_shape, torch.float32, device)
+        out = new_out()
+        partials = new_partials()
         address, partial_address = out.data_ptr(), partials.data_ptr()
         bias = address if bias is None else bias
         stream = current_stream(index)

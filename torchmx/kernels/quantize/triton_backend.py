@@ -35,6 +35,7 @@ from ... import dtypes
 from ...numerics.packing import packed_length
 from ...numerics.modes import ROUNDING_BY_NAME, SCALE_MODE_BY_NAME
 from ...numerics.rounding import seed_key
+from ..._allocation import allocator
 from .._common import decode_constants, device_capability, empty, interpreting
 from ..._memo import memo
 from .._launch import Launch, current_cuda_device, hooks_installed, launch
@@ -574,12 +575,13 @@ class QuantizePlan:
         call = launch_.direct({}, launch_.slots)
         if call is None:
             return None
-        scale_shape, data_shape, storage = self.scale_shape, self.data_shape, self.storage
         device, stream = torch.device("cuda", index), torch._C._cuda_getCurrentRawStream
+        # (called only with `device` current: __call__ and the operators check it)
+        new_scale = allocator(self.scale_shape, torch.uint8, device)
+        new_data = allocator(self.data_shape, self.storage, device)
 
         def quantize(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-            scale = empty(scale_shape, torch.uint8, device)
-            data = empty(data_shape, storage, device)
+            scale, data = new_scale(), new_data()
             call(stream(index), x.data_ptr(), scale.data_ptr(), data.data_ptr())
             return scale, data
         return quantize
@@ -714,11 +716,12 @@ class DequantizePlan:
         call = launch_.direct({}, launch_.slots)
         if call is None:
             return None
-        shape, dtype, device = self.shape, self.dtype, data_lp.device
+        # (called only with the tensors' device current: its callers check it)
+        new_out = allocator(self.shape, self.dtype, data_lp.device)
         stream = torch._C._cuda_getCurrentRawStream
 
         def dequantize(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-            out = empty(shape, dtype, device)
+            out = new_out()
             call(stream(index), data.data_ptr(), scale.data_ptr(), out.data_ptr())
             return out
         return dequantize
