@@ -11,7 +11,8 @@ from repo import ROOT
 
 KERNELS = ROOT / "torchmx" / "kernels"
 # What kernel modules may import from torchmx outside kernels/: the floors below them.
-BELOW = ("torchmx.dtypes", "torchmx.numerics", "torchmx.cpu_kernels", "torchmx._memo")
+BELOW = ("torchmx.dtypes", "torchmx.numerics", "torchmx.cpu_kernels", "torchmx._memo",
+         "torchmx._allocation")
 # The one call up: the linear dispatch's dequantize + cuBLAS path dequantizes the weight through
 # the dequantize op itself (a function-level import, so that torch.compile sees the op).
 UP_CALLS = {("torchmx.kernels.linear.dispatch", "torchmx.ops")}
