@@ -58,9 +58,9 @@ from torch import nn
 
 import torchmx
 from torchmx import MXTensor
+from torchmx._allocation import allocator
 from torchmx.config import MXConfig, QLinearConfig
 from torchmx.kernels import quantize_mx_rowwise_colwise
-from torchmx._allocation import allocator
 from torchmx.kernels._common import empty
 
 from _timing import wall_us

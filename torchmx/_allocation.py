@@ -1,7 +1,7 @@
 """Fresh outputs for calls whose shapes were settled when they were bound (the C kernels' calls,
 the bound CUDA launches): PyTorch's C allocators of contiguous tensors, the ones
 torch.compile's generated code allocates with, skip `torch.empty`'s Python argument parsing
-(about half of its host time; `allocator` below, bench_overhead's last row)."""
+(benchmarks/bench_overhead.py's last row times the two)."""
 
 import functools
 from typing import Callable, Sequence

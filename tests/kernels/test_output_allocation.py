@@ -35,7 +35,7 @@ def test_outputs_are_what_torch_empty_gives(device, shape, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_without_the_c_allocators_torch_empty(monkeypatch, device):
+def test_without_the_c_allocators_it_takes_torch_empty(monkeypatch, device):
     monkeypatch.setattr(_allocation, "_C_ALLOCATORS", {})
     check_like_torch_empty(allocator((4, 6), torch.float32, torch.device(device))(), (4, 6),
                            torch.float32, device)

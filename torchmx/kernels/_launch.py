@@ -220,7 +220,7 @@ def bound_product(main, reduce, out_shape: tuple, out_dtype: torch.dtype, device
     of `out_shape` (contiguous: any shape of the planned output's elements) stands in for an
     absent bias and for absent partials, as the plans' calls do."""
     current_stream, index = torch._C._cuda_getCurrentRawStream, device.index
-    new_out = allocator(out_shape, out_dtype, device)  # (its callers run it on `device`)
+    new_out = allocator(out_shape, out_dtype, device)  # (called with `device` current)
     if reduce is None:
         def product(x, bias):
             out = new_out()
