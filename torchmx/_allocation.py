@@ -1,7 +1,9 @@
 """Fresh outputs for calls whose shapes were settled when they were bound (the C kernels' calls,
 the bound CUDA launches): PyTorch's C allocators of contiguous tensors, the ones
 torch.compile's generated code allocates with, skip `torch.empty`'s Python argument parsing
-(benchmarks/bench_overhead.py's last row times the two)."""
+(benchmarks/bench_overhead.py's last row times the two). They also skip the fill of fresh
+memory that torch.use_deterministic_algorithms can ask of torch.empty: the kernels write every
+byte of these outputs, so the fill would change nothing."""
 
 import functools
 from typing import Callable, Sequence

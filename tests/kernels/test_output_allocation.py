@@ -1,6 +1,7 @@
 """torchmx/_allocation.py: the outputs of bound calls (C kernels, bound CUDA launches) come from
 PyTorch's C allocator, and must be what torch.empty would give: shape, dtype, device,
-contiguous strides, no autograd, a new tensor at each call."""
+contiguous strides, no autograd, a new tensor at each call (not torch.empty's deterministic fill
+of fresh memory: the kernels write all of it)."""
 
 import pytest
 import torch
@@ -37,10 +38,17 @@ def test_outputs_are_what_torch_empty_gives(device, shape, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 def test_without_the_c_allocators_it_takes_torch_empty(monkeypatch, device):
     monkeypatch.setattr(_allocation, "_C_ALLOCATORS", {})
-    check_like_torch_empty(allocator((4, 6), torch.float32, torch.device(device))(), (4, 6),
-                           torch.float32, device)
+    new = allocator((4, 6), torch.float32, torch.device(device))
+    assert new.func is torch.empty
+    check_like_torch_empty(new(), (4, 6), torch.float32, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_c_allocators_are_taken(device):
+    assert allocator((4, 6), torch.float32, torch.device(device)).func is not torch.empty
 
 
 def test_other_devices_get_torch_empty():
-    t = allocator((2, 3), torch.float16, torch.device("meta"))()
-    check_like_torch_empty(t, (2, 3), torch.float16, "meta")
+    new = allocator((2, 3), torch.float16, torch.device("meta"))
+    assert new.func is torch.empty
+    check_like_torch_empty(new(), (2, 3), torch.float16, "meta")

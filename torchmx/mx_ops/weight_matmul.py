@@ -74,9 +74,10 @@ def _check_parts(input, weight_scale, weight_data, elem_dtype_name, block_size, 
     the arguments' values, dtypes and shapes: a kind of arguments accepted once is looked up
     (inductor runs the operator's body at every step of a compiled graph)."""
     key = (op, elem_dtype_name, type(block_size), block_size, type(in_features), in_features,
-           input.dtype, input.shape[-1] if input.dim() else None, weight_scale.dtype,
-           weight_scale.shape, weight_data.dtype, weight_data.shape,
-           None if bias is None else bias.shape, out_dtype)
+           input.dtype, input.shape[-1] if input.dim() else None, input.device,
+           weight_scale.dtype, weight_scale.shape, weight_scale.device, weight_data.dtype,
+           weight_data.shape, weight_data.device,
+           None if bias is None else (bias.shape, bias.device), out_dtype)
     fmt = _CHECKED.get(key)
     if fmt is None:
         fmt = _check_parts_once(input, weight_scale, weight_data, elem_dtype_name, block_size,
@@ -113,7 +114,19 @@ def _check_parts_once(input, weight_scale, weight_data, elem_dtype_name, block_s
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"{op}: bias must have shape ({n},), got "
                          f"{tuple(bias.shape)}")
+    _check_devices(op, ("input", input), ("weight_scale", weight_scale),
+                   ("weight_data", weight_data), ("bias", bias))
     return fmt
+
+
+def _check_devices(op: str, *named) -> None:
+    """ValueError unless the tensors (name, tensor or None) lie on one device; a meta tensor
+    stands in for a shape only (mx_mx_linear's input rows) and is not compared."""
+    tensors = [(name, t) for name, t in named if t is not None and not t.is_meta]
+    for name, t in tensors[1:]:
+        if t.device != tensors[0][1].device:
+            raise ValueError(f"{op}: {name} is on {t.device}, {tensors[0][0]} on "
+                             f"{tensors[0][1].device}; all must be on one device")
 
 
 # What a call of mx_weight_linear depends on, the weight's addresses included (`_call_key`) ->
@@ -131,7 +144,8 @@ def _call_key(input, weight_scale, weight_data, elem_dtype_name, block_size, in_
             weight_data.stride(), weight_data.dtype, weight_scale.data_ptr(), weight_scale.shape,
             weight_scale.stride(), weight_scale.dtype, elem_dtype_name, type(block_size),
             block_size, type(in_features), in_features,
-            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15),
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device(),
+                                       bias.data_ptr() & 15),
             out_dtype)
 
 
@@ -195,6 +209,8 @@ def mx_mx_linear(input_scale: Tensor, input_data: Tensor, weight_scale: Tensor,
     run (`mx_gemm.eligible`), else x dequantized and mx_weight_linear."""
     from ..kernels.linear import mx_gemm
     x_fmt, w_fmt = (args.check_elem_dtype(n) for n in (input_dtype_name, weight_dtype_name))
+    _check_devices("mx_mx_linear", ("input_scale", input_scale), ("input_data", input_data),
+                   ("weight_scale", weight_scale), ("weight_data", weight_data))
     K = in_features
     x = torch.empty(input_scale.shape[0], K, dtype=torch.bfloat16, device="meta")  # its shape
     _check_parts(x, weight_scale, weight_data, weight_dtype_name, 32, K, None, torch.bfloat16,
@@ -262,6 +278,9 @@ def _route(a, w, k_dim: int, bias, out_dtype: torch.dtype) -> Optional[Tensor]:
         return None
     if (bias is not None and bias.dim() != 1) or a.dtype != out_dtype or w.dtype != out_dtype:
         return None
+    device = w._data.get_device()
+    if a.get_device() != device or (bias is not None and bias.get_device() != device):
+        return None  # the exact path reports the devices' mismatch as torch would
     if not kernels.supported(w.elem_dtype, w.block_size, out_dtype):
         return None
     scale, data = w._scale_e8m0, w._data

@@ -390,7 +390,9 @@ class MXInferenceLinear(nn.Module):
             return _PackedLinearFunction.apply(x, weight, bias, None, None, functools.partial(
                 _exact_product, weight))
         usable = (kernel_parts is not None  # its [1]: the weight's codes
-                  and weight_matmul._kernels_usable(kernel_parts[1].device))
+                  and weight_matmul._kernels_usable(kernel_parts[1].device)
+                  and x.get_device() == kernel_parts[1].get_device()
+                  and (bias is None or bias.get_device() == kernel_parts[1].get_device()))
         if short_path(x, bias):
             if self._prepacked_layout == "tma_stream" and prepacked is not None:
                 out = self._stream_call(x, bias)
@@ -447,7 +449,8 @@ class MXInferenceLinear(nn.Module):
         bias_address = None
         if bias is not None:
             bias_address = bias.data_ptr()
-            if bias.dtype != x.dtype or not bias.is_contiguous() or bias_address & 15:
+            if (bias.dtype != x.dtype or not bias.is_contiguous() or bias_address & 15
+                    or bias.get_device() != bound[1]):
                 return None
         if entry[0] != self._weight_source():  # (prepack() drops the entry)
             return None

@@ -443,7 +443,7 @@ def _plan(x2, w_scale, w_data, fmt: dtypes.DType, block_size: int, K: int, bias,
 
 def _input_key(x2: torch.Tensor, bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> tuple:
     """What a plan depends on of the input side of a product (x2 [M, K], bias contiguous)."""
-    bias_key = None if bias is None else (bias.dtype, bias.data_ptr() & 15)
+    bias_key = None if bias is None else (bias.dtype, bias.get_device(), bias.data_ptr() & 15)
     return (x2.shape, x2.stride(), x2.dtype, x2.data_ptr() & 15, x2.device, bias_key, out_dtype)
 
 
