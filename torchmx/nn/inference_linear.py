@@ -389,12 +389,13 @@ class MXInferenceLinear(nn.Module):
                 return exact_weight_linear(x, weight, bias)
             return _PackedLinearFunction.apply(x, weight, bias, None, None, functools.partial(
                 _exact_product, weight))
-        usable = (kernel_parts is not None  # its [1]: the weight's codes
-                  and weight_matmul._kernels_usable(kernel_parts[1].device)
-                  and x.get_device() == kernel_parts[1].get_device()
-                  and (bias is None or bias.get_device() == kernel_parts[1].get_device()))
+        device = self._buffers["weight_data"].get_device()
+        # operands on other devices go to the operators, whose checks name them
+        one_device = x.get_device() == device and (bias is None or bias.get_device() == device)
+        usable = (kernel_parts is not None and one_device  # its [1]: the weight's codes
+                  and weight_matmul._kernels_usable(kernel_parts[1].device))
         if short_path(x, bias):
-            if self._prepacked_layout == "tma_stream" and prepacked is not None:
+            if self._prepacked_layout == "tma_stream" and prepacked is not None and one_device:
                 out = self._stream_call(x, bias)
                 if out is not None:
                     return out
