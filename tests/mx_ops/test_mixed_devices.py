@@ -43,13 +43,13 @@ def test_operator_names_the_part_on_another_device(fmt):
     op = torch.ops.torchmx.mx_weight_linear
     for _ in range(2):  # bound after the first call
         op(x, *parts, bias, torch.bfloat16)
-    with pytest.raises(ValueError, match="bias is on cpu, input on cuda"):
+    with pytest.raises(ValueError, match="bias and input must be on one device"):
         op(x, *parts, bias.cpu(), torch.bfloat16)
     scale, data = w_mx._scale_e8m0.cpu(), w_mx._data.cpu()
-    with pytest.raises(ValueError, match="weight_scale is on cpu"):
+    with pytest.raises(ValueError, match="weight_scale and input must be on one device"):
         op(x, scale, data, fmt, 32, 512, None, torch.bfloat16)
     x_scale, x_data = torch.ops.torchmx.quantize_mx(x, "float8_e4m3", 32)
-    with pytest.raises(ValueError, match="weight_scale is on cpu, input_scale on cuda"):
+    with pytest.raises(ValueError, match="weight_scale and input_scale must be on one device"):
         torch.ops.torchmx.mx_mx_linear(x_scale, x_data, scale, data, "float8_e4m3", fmt, 512)
     torch.cuda.synchronize()
 
@@ -69,7 +69,7 @@ def test_inference_linear_whose_bias_moved_to_the_cpu(fmt, rows, grad, prepack):
             expected = layer(x)
         layer.bias.data = layer.bias.data.cpu()  # same Parameter, another device
         # torch's own device error (the exact path) or the prepacked operator's check
-        with pytest.raises((RuntimeError, ValueError), match="device|bias is on cpu"):
+        with pytest.raises((RuntimeError, ValueError), match="device"):
             layer(x)
         layer.bias.data = layer.bias.data.cuda()
         assert torch.equal(layer(x), expected)

@@ -114,19 +114,17 @@ def _check_parts_once(input, weight_scale, weight_data, elem_dtype_name, block_s
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"{op}: bias must have shape ({n},), got "
                          f"{tuple(bias.shape)}")
-    _check_devices(op, ("input", input), ("weight_scale", weight_scale),
+    _check_devices(("input", input), ("weight_scale", weight_scale),
                    ("weight_data", weight_data), ("bias", bias))
     return fmt
 
 
-def _check_devices(op: str, *named) -> None:
-    """ValueError unless the tensors (name, tensor or None) lie on one device; a meta tensor
-    stands in for a shape only (mx_mx_linear's input rows) and is not compared."""
+def _check_devices(*named) -> None:
+    """args.check_same_device of each tensor (name, tensor or None) against the first; a meta
+    tensor stands in for a shape only (mx_mx_linear's input rows) and is not compared."""
     tensors = [(name, t) for name, t in named if t is not None and not t.is_meta]
     for name, t in tensors[1:]:
-        if t.device != tensors[0][1].device:
-            raise ValueError(f"{op}: {name} is on {t.device}, {tensors[0][0]} on "
-                             f"{tensors[0][1].device}; all must be on one device")
+        args.check_same_device(t, name, tensors[0][1], tensors[0][0])
 
 
 # What a call of mx_weight_linear depends on, the weight's addresses included (`_call_key`) ->
@@ -209,7 +207,7 @@ def mx_mx_linear(input_scale: Tensor, input_data: Tensor, weight_scale: Tensor,
     run (`mx_gemm.eligible`), else x dequantized and mx_weight_linear."""
     from ..kernels.linear import mx_gemm
     x_fmt, w_fmt = (args.check_elem_dtype(n) for n in (input_dtype_name, weight_dtype_name))
-    _check_devices("mx_mx_linear", ("input_scale", input_scale), ("input_data", input_data),
+    _check_devices(("input_scale", input_scale), ("input_data", input_data),
                    ("weight_scale", weight_scale), ("weight_data", weight_data))
     K = in_features
     x = torch.empty(input_scale.shape[0], K, dtype=torch.bfloat16, device="meta")  # its shape
