@@ -46,9 +46,8 @@ _KEEP_WRAPPER = {
 class _PreAllGatherHook:
     """`weight.fsdp_pre_all_gather`. FSDP2 calls inspect.signature on that hook at every
     all-gather (224 times per step of a 16-layer Llama); for a bound method inspect builds a
-    new Signature each time (the function's without `self`: 6.36 ms for 448 calls under
-    cProfile on an H200 host, benchmarks/results/distributed_python_profile_2026-11-28_1116_2x-nvidia-h200.txt),
-    this object hands over the one it keeps."""
+    new Signature each time (the function's without `self`; bench_distributed.py
+    --python-profile shows its cost), this object hands over the one it keeps."""
 
     __slots__ = ("weight",)
     __signature__ = inspect.Signature([

@@ -18,9 +18,7 @@ __all__ = ["interpreting", "sm_count", "device_capability", "block_m_for", "alig
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """torch.empty(shape, dtype=dtype, device=device) for the outputs every kernel call
     allocates. The sizes go in one by one: PyTorch's argument parser reads them faster than
-    one tuple (benchmarks/bench_overhead.py's `torch.empty(*sizes)` row, 2026-11-28: 2.2
-    against 3.1 us on an H200 host with torch 2.11, 3.7 against 5.0 us on the CI CPU with
-    torch 2.13)."""
+    one tuple (benchmarks/bench_overhead.py's `torch.empty(*sizes)` row times the two)."""
     if not shape:
         return torch.empty((), dtype=dtype, device=device)
     return torch.empty(*shape, dtype=dtype, device=device)

@@ -2,10 +2,9 @@
 visible to torch.compile.
 
 Inductor calls an ordinary custom operator through the dispatcher at every step of a compiled
-graph, and the operator's body then finds its plan: about 28 us of host time per one-row MX
-linear on an H200 host (benchmarks/bench_overhead.py --mlp, 2026-11-28 13:33: the compiled
-MXFP4 stack's 432.4 us less its floor's 94.7, over 12 linears), more than a decode kernel's
-GPU time. This operator is a
+graph, and the operator's body then finds its plan: more host time per one-row MX linear
+than a decode kernel's GPU time (benchmarks/bench_overhead.py --mlp; docs/performance.md).
+This operator is a
 `torch.library.triton_op`: torch.compile runs its body once, on fake tensors, while it traces
 the graph; the body records its Triton launches through `torch.library.wrap_triton`, and
 inductor's generated code makes them itself, as it launches its own kernels. The launches are

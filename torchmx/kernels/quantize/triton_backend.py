@@ -710,7 +710,7 @@ class DequantizePlan:
                 or not (data_lp.is_contiguous() and scale_u8.is_contiguous()):
             return None
         launch_ = self.launches.launches[0][0]
-        index = torch._C._cuda_getDevice()
+        index = current_cuda_device()
         if data_lp.device.index != index or scale_u8.device.index != index:
             return None
         call = launch_.direct({}, launch_.slots)
