@@ -25,11 +25,18 @@ Measured on an H200 host (benchmarks/profile_linear_launch.py): `kernel[grid](..
 Off CUDA (Triton's interpreter) and while a launch hook is installed (Triton's profilers),
 every call takes `kernel[grid]` itself.
 
+Triton compiles for and launches on the current CUDA device, on its current stream; PyTorch's
+own operators switch to their tensors' device instead. So every launch here runs with the
+device of its first tensor argument made current (`_on_device`): tensors on `cuda:1` while
+`cuda:0` is current (a model spread over GPUs by `device_map`) are computed on `cuda:1`, on
+that device's current stream.
+
 `Launch.traced` and `traced_product` are the same launches for torch.compile: recorded by
 `torch.library.wrap_triton` in the body of a `torch.library.triton_op`, so that inductor's
 generated code launches the kernels itself (mx_ops/weight_matmul_compiled.py).
 """
 
+import contextlib
 import inspect
 
 import torch
@@ -37,8 +44,8 @@ import torch
 from .._allocation import allocator
 from ._common import empty
 
-__all__ = ["launch", "Launch", "hooks_installed", "current_cuda_device", "bound_product",
-           "bind_weight", "planned_product", "traced_product"]
+__all__ = ["launch", "Launch", "on_device_of", "hooks_installed", "current_cuda_device",
+           "bound_product", "bind_weight", "planned_product", "traced_product"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
 _SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
@@ -97,14 +104,46 @@ def _values(kernel, args, kwargs) -> list:
     return values
 
 
+def _device_of(values) -> int:
+    """The CUDA device index of the first tensor among `values`; -1 for a CPU tensor or none
+    (Triton's launcher then refuses the CPU tensor itself)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value.get_device()
+    return -1
+
+
+def _on_device(values):
+    """None where the first tensor among `values` is on the current CUDA device (or on none),
+    else a context that makes its device current."""
+    index = _device_of(values)
+    if index < 0 or index == torch._C._cuda_getDevice():
+        return None
+    return torch.cuda.device(index)
+
+
+def on_device_of(tensor: torch.Tensor):
+    """A context that makes `tensor`'s CUDA device current, for a `kernel[grid](...)` written
+    out; it changes nothing for a CPU tensor (Triton's interpreter)."""
+    return _on_device((tensor,)) or contextlib.nullcontext()
+
+
 def launch(kernel, grid, *args, **kwargs):
-    """kernel[grid](*args, **kwargs), through the compiled kernel where it is known; returns
-    the compiled kernel (None under the interpreter or a launch hook)."""
-    if not hasattr(kernel, "device_caches") or hooks_installed():  # interpreter, profilers
+    """kernel[grid](*args, **kwargs) on the device of its first tensor, through the compiled
+    kernel where it is known; returns the compiled kernel (None under the interpreter or a
+    launch hook)."""
+    if not hasattr(kernel, "device_caches"):  # the interpreter
+        kernel[grid](*args, **kwargs)
+        return None
+    values = _values(kernel, args, kwargs)
+    guard = _on_device(values)
+    if guard is not None:
+        with guard:
+            return launch(kernel, grid, *args, **kwargs)
+    if hooks_installed():  # profilers: Triton calls their hooks
         kernel[grid](*args, **kwargs)
         return None
     _, known, _, constexpr = _signature(kernel)
-    values = _values(kernel, args, kwargs)
     options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in known))
     device = torch._C._cuda_getDevice()
     key = (kernel, device, options, _key(values, constexpr))
@@ -140,6 +179,10 @@ class Launch:
     def __call__(self, *tensors) -> None:
         direct = None
         if self._values is not None:
+            guard = _on_device(tensors)
+            if guard is not None:
+                with guard:
+                    return self(*tensors)
             # the C getter: torch.cuda.current_device() adds two Python calls per launch
             device = torch._C._cuda_getDevice()
             direct = self._direct.get(device)
@@ -166,7 +209,11 @@ class Launch:
         args = self.args.copy()
         for slot, tensor in zip(self.slots, tensors):
             args[slot] = tensor
-        wrap_triton(self.kernel)[self.grid](*args, **self.kwargs)
+        kernel = wrap_triton(self.kernel)
+        # where nothing traces, Triton launches on the current device (inductor's generated
+        # code makes the device of the kernels it launches current itself)
+        with (_on_device(tensors) if kernel is self.kernel else None) or contextlib.nullcontext():
+            kernel[self.grid](*args, **self.kwargs)
 
     def direct(self, fixed: dict, free: tuple):
         """For the current CUDA device, once a call compiled the kernel there: a function

@@ -153,7 +153,10 @@ def kernel_linear(input, weight_scale, weight_data, fmt: dtypes.DType, block_siz
     for later calls of the same `key` (`_call_key`) where it can be."""
     out = kernels.linear(input, weight_scale, weight_data, fmt, block_size, in_features, bias,
                          out_dtype)
-    if key not in _BOUND and input.is_cuda and not hooks_installed():
+    # bound where the input is on the current device, the device Launch.direct binds to (a
+    # call on another device is not bound, and its key stays open for a call there)
+    if (key not in _BOUND and input.is_cuda and key[2] == current_cuda_device()
+            and not hooks_installed()):
         memo(_BOUND, key, lambda: kernels.bound_linear(
             input, weight_scale, weight_data, fmt, block_size, in_features, bias,
             out_dtype) or False)

@@ -471,7 +471,8 @@ class MXInferenceLinear(nn.Module):
         if entry is None or entry[0] != source:
             entry = _BOUND[self] = (source, {})
         if (type(x) is not torch.Tensor or x.device.type != "cuda" or not x.is_contiguous()
-                or x.data_ptr() & 15 or hooks_installed()):
+                or x.data_ptr() & 15 or hooks_installed()
+                or x.get_device() != current_cuda_device()):  # (binds to the current device)
             return
         product = linear_dispatch.bound_linear(x, *kernel_parts[:5], bias, x.dtype,
                                                kernel_parts[5])

@@ -53,6 +53,7 @@ import torch
 
 from ... import dtypes
 from .._common import interpreting, packed_decode_constants, sm_count
+from .._launch import on_device_of
 from .mma_linear import FAST_SCALES
 # Gluon with the Hopper TMA / wgmma API, an sm_90 GPU, not the interpreter: what the stream
 # kernel needs too (_gl_mx_gemm builds on _gl_stream)
@@ -174,7 +175,8 @@ def permuted_weight(w_data: torch.Tensor, w_scale: torch.Tensor,
     out = torch.empty((N, K), dtype=torch.bfloat16, device=w_data.device)
     if N:
         grid, arguments, constants = dequantize_arguments(w_data, w_scale, w_fmt, out)
-        permuted_dequantize_kernel[grid](*arguments, **constants)
+        with on_device_of(out):
+            permuted_dequantize_kernel[grid](*arguments, **constants)
     return out
 
 
@@ -240,7 +242,8 @@ def fixup(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt, out, flags) -> None:
     if flags.numel():
         grid, arguments, constants = fixup_arguments(x_data, x_scale, x_fmt, w_data, w_scale,
                                                      w_fmt, out, flags)
-        fixup_kernel[grid](*arguments, **constants)
+        with on_device_of(out):
+            fixup_kernel[grid](*arguments, **constants)
 
 
 def first_wave_blocks(M: int, N: int, sms: int) -> int:
@@ -283,12 +286,13 @@ def mx_gemm(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DType,
     state = torch.zeros(_flag_count(M, N) + tiles_n + 1, dtype=torch.int32, device=device)
     flags, counts = state[:-(tiles_n + 1)], state[-(tiles_n + 1):]
     w = torch.empty((N, K), dtype=torch.bfloat16, device=device)
-    if before:
-        grid, arguments, constants = dequantize_arguments(w_data, w_scale, w_fmt, w,
-                                                          rows=before * TILE_N)
-        permuted_dequantize_kernel[grid](*arguments, **constants)
-    grid, arguments, constants = gemm_arguments(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt,
-                                                w, out, flags, counts, before, sms)
-    mx_gemm_kernel[grid](*arguments, **constants)
-    fixup(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt, out, flags)
+    with on_device_of(out):
+        if before:
+            grid, arguments, constants = dequantize_arguments(w_data, w_scale, w_fmt, w,
+                                                              rows=before * TILE_N)
+            permuted_dequantize_kernel[grid](*arguments, **constants)
+        grid, arguments, constants = gemm_arguments(x_data, x_scale, x_fmt, w_data, w_scale,
+                                                    w_fmt, w, out, flags, counts, before, sms)
+        mx_gemm_kernel[grid](*arguments, **constants)
+        fixup(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt, out, flags)
     return out

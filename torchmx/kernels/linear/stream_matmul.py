@@ -70,6 +70,7 @@ from ...numerics import arguments as args
 from ..layouts import tma_stream_layout
 from .._common import (aligned, device_capability, empty, interpreting,
                        packed_decode_constants, sm_count)
+from .._launch import on_device_of
 
 __all__ = ["MAX_PREFETCH", "MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
            "default_config", "eligible", "fills_waves", "kernel_arguments", "split_k",
@@ -272,7 +273,8 @@ def stream_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     out = torch.empty((x.shape[0], N), dtype=out_dtype, device=x.device)
     grid, arguments, constants = kernel_arguments(x, codes, scales, w_scale, w_data, fmt, bias,
                                                   out, config, counters)
-    stream_linear_kernel[grid](*arguments, **constants)
+    with on_device_of(x):
+        stream_linear_kernel[grid](*arguments, **constants)
     return out
 
 
