@@ -25,7 +25,8 @@ def wall_us(fn, calls: int, rounds: int, warmup: int = 3, device="cuda",
     fn, after `warmup` calls. On CUDA the device is idle when each round starts; wait=False
     stops the clock once the host has queued the calls (the host's own time), wait=True once
     the device has run them."""
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    device = torch.device(device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         fn()
     sync()

@@ -35,7 +35,10 @@
    later in this process); `--save` then names the file `..._static-launch.txt`.
 3. --large-m (CUDA): F.linear of 8192 rows with an MXFP4 weight [8192, 8192], eager, against
    eager cuBLAS bf16 on the dequantized weight (the results must be equal bit for bit).
-4. --qat (CUDA): training steps of the same 4 MLP blocks on 8192 tokens, eager (forward, a
+4. --other-gpu (two CUDA GPUs): the host table again with every tensor on cuda:1 while cuda:0
+   is current, as in a model spread over GPUs by device_map; the baselines are torch's own
+   calls on cuda:1, which switch devices in C++.
+5. --qat (CUDA): training steps of the same 4 MLP blocks on 8192 tokens, eager (forward, a
    mean-square loss, backward, AdamW), bf16 against `prepare_qat_` MXLinear layers (MXFP8:
    float8_e4m3 weights and activations; MXFP4: float4_e2m1 weights, float8_e4m3 activations).
    First, each MX model's first linear must equal F.linear of its operands quantized by the
@@ -128,7 +131,10 @@ def host_table(device: torch.device, out) -> None:
     for _, fn, base_name, _ in cases:
         wall_us(fn, 400, 1, warmup=0, device=device)
         wall_us(baselines[base_name], 400, 1, warmup=0, device=device)
-    print(f"\nhost cost per call on {device.type} (us; tiny tensors, grad mode on, "
+    where = device.type
+    if device.index is not None and device.index != torch.cuda.current_device():
+        where = f"{device} while cuda:{torch.cuda.current_device()} is current"
+    print(f"\nhost cost per call on {where} (us; tiny tensors, grad mode on, "
           f"{torch.get_num_threads()} thread(s); each call timed in alternation with its "
           f"baseline)", file=out)
     print(f"{'call':<22}{'us':>9}  {'baseline':<11}{'us':>8}{'ratio':>8}{'target':>8}", file=out)
@@ -138,8 +144,10 @@ def host_table(device: torch.device, out) -> None:
         verdict = "" if target is None else f"<= {target:g}" + (" ok" if ratio <= target else " MISS")
         print(f"{name:<22}{us:9.1f}  {base_name:<11}{base:8.1f}{ratio:8.2f}x "
               f"{verdict}", file=out)
+    if where != device.type:
+        return
     # the outputs kernel calls allocate: torchmx/kernels/_common.py `empty` on general paths,
-    # torchmx/_allocation.py `allocator` (PyTorch's C allocator) on bound ones
+    # torchmx/_allocation.py `allocator` (PyTorch's C allocator, current device) on bound ones
     shape = (16, 64)
     sizes, together = paired_us(lambda: empty(shape, torch.uint8, device),
                                 lambda: torch.empty(shape, dtype=torch.uint8, device=device),
@@ -368,6 +376,8 @@ def main() -> None:
     parser.add_argument("--mlp", action="store_true", help="the MLP decode table (CUDA)")
     parser.add_argument("--large-m", action="store_true", help="8192 rows (CUDA)")
     parser.add_argument("--qat", action="store_true", help="QAT training steps (CUDA)")
+    parser.add_argument("--other-gpu", action="store_true",
+                        help="the host table on cuda:1 while cuda:0 is current (two GPUs)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16],
                         help="activation rows of the MLP decode table")
     parser.add_argument("--save", action="store_true", help="also write benchmarks/results/")
@@ -391,6 +401,11 @@ def main() -> None:
         torch.set_num_threads(threads)
     if options.device in ("cuda", "all") and torch.cuda.is_available():
         host_table(torch.device("cuda"), tee)
+        if options.other_gpu:
+            if torch.cuda.device_count() < 2:
+                raise SystemExit("--other-gpu needs two CUDA GPUs")
+            torch.cuda.set_device(0)
+            host_table(torch.device("cuda", 1), tee)
         if options.mlp:
             mlp_table(tee, options.rows)
         if options.large_m:

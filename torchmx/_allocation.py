@@ -24,7 +24,7 @@ def allocator(shape: Sequence[int], dtype: torch.dtype,
               device: torch.device) -> Callable[[], torch.Tensor]:
     """A function () -> a new contiguous tensor of `shape` and `dtype` on `device`. On CUDA it
     allocates on the current device, as torch.compile's allocator does: call it only where
-    `device` is the current device (every bound call checks that before it runs)."""
+    `device` is the current device (the bound calls make it so: kernels/_launch.on_device)."""
     shape = tuple(shape)
     new = _C_ALLOCATORS.get(device.type)
     if new is None:

@@ -16,7 +16,7 @@ from . import cpu_kernels, dtypes
 from ._library import custom_op
 from ._memo import memo
 from .kernels.quantize import backends
-from .kernels._launch import current_cuda_device as _current_cuda_device, hooks_installed
+from .kernels._launch import hooks_installed
 from .kernels.quantize.backends import backend_for, triton_kernels
 from .numerics import arguments as args
 from .numerics.packing import packed_length
@@ -48,14 +48,14 @@ def _accepted(key, check, *arguments):
 
 # CUDA calls whose plan is one kernel launch on the call's tensors, after their first call:
 # (everything the checks and the plan look at: the device, the tensors' shapes, strides,
-# dtypes and alignments, the arguments as given) -> the plan's call bound to the device, or
-# False where there is none (the Triton backend's BOUND_CALLS, dropped with its plans). A
-# later call of the same kind is one lookup, its outputs' allocations and the launch.
+# dtypes and alignments, the arguments as given) -> the plan's call bound to the device (run
+# with that device current), or False where there is none (the Triton backend's BOUND_CALLS,
+# dropped with its plans). A later call of the same kind is one lookup, its outputs'
+# allocations and the launch.
 def _bound_call(key: tuple):
     backend = triton_kernels()
     call = None if backend is None else backend.BOUND_CALLS.get(key)
-    if call and key[0] == _current_cuda_device() and not backends.FORCE_REFERENCE \
-            and not hooks_installed():
+    if call and not backends.FORCE_REFERENCE and not hooks_installed():
         return call
     return None
 

@@ -199,3 +199,34 @@ def test_compiled_linear():
         return lambda: compiled(x_i)
     with torch.no_grad():
         _check_on_other_gpu(make_call)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_calls_on_the_other_gpu_are_bound(fmt):
+    """The bound calls (one lookup and the launch on the tensors' addresses) serve the other
+    GPU too, with its device made current for the call: quantize, dequantize, F.linear and
+    MXInferenceLinear, bound after their first call there."""
+    from torchmx.kernels.quantize import triton_backend
+    from torchmx.mx_ops import weight_matmul
+    from torchmx.nn import inference_linear
+
+    torch.cuda.set_device(CURRENT)
+    device = f"cuda:{OTHER}"
+    x = _randn(16, 1024).to(device)
+    w_mx = MXTensor.to_mx(_randn(256, 1024, seed=1).to(device), fmt)
+    layer = torchmx.MXInferenceLinear.from_float(
+        torch.nn.Linear(1024, 256, dtype=torch.bfloat16, device=device),
+        QLinearConfig(MXConfig(fmt), None))
+    with torch.no_grad():
+        for _ in range(2):
+            scale, data = torchmx.ops.quantize_mx(x, fmt, 32)
+            torchmx.ops.dequantize_mx(data, scale, fmt, 32, torch.bfloat16)
+            F.linear(x, w_mx)
+            layer(x)
+    assert torch.cuda.current_device() == CURRENT
+    bound_ops = {key[1] for key, call in triton_backend.BOUND_CALLS.items()
+                 if call and key[0] == OTHER and key[2] in (x.shape, data.shape)}
+    assert bound_ops == {"quantize", "dequantize"}
+    assert any(product and key[2] == OTHER for key, product in weight_matmul._BOUND.items())
+    product, index = inference_linear._BOUND[layer][1][(x.shape, x.dtype, False)]
+    assert product is not None and index == OTHER

@@ -19,8 +19,7 @@ alignment where the first call's were aligned).
 layer's weight): a function that takes the other tensors (or their addresses) and calls the
 kernel's launcher itself. On Triton 3.6 that is the compiled C launcher (`_raw_launcher`),
 without the Python wrapper that would only allocate scratch memory these kernels do not use.
-Measured on an H200 host (benchmarks/profile_linear_launch.py): `kernel[grid](...)` 33-48 us,
-`Launch` 13-19 us, the compiled kernel's `run` with tensors 10-14 us, with addresses 8-10 us.
+benchmarks/profile_linear_launch.py times each of these steps against `kernel[grid](...)`.
 
 Off CUDA (Triton's interpreter) and while a launch hook is installed (Triton's profilers),
 every call takes `kernel[grid]` itself.
@@ -29,7 +28,9 @@ Triton compiles for and launches on the current CUDA device, on its current stre
 own operators switch to their tensors' device instead. So every launch here runs with the
 device of its first tensor argument made current (`_on_device`): tensors on `cuda:1` while
 `cuda:0` is current (a model spread over GPUs by `device_map`) are computed on `cuda:1`, on
-that device's current stream.
+that device's current stream. The bound calls built on `Launch.direct` (`bound_product`, the
+quantize plans' `device_calls`) belong to one device and make it current where another is
+(`on_device`).
 
 `Launch.traced` and `traced_product` are the same launches for torch.compile: recorded by
 `torch.library.wrap_triton` in the body of a `torch.library.triton_op`, so that inductor's
@@ -44,8 +45,8 @@ import torch
 from .._allocation import allocator
 from ._common import empty
 
-__all__ = ["launch", "Launch", "on_device_of", "hooks_installed", "current_cuda_device",
-           "bound_product", "bind_weight", "planned_product", "traced_product"]
+__all__ = ["launch", "Launch", "on_device", "on_device_of", "hooks_installed", "bound_product",
+           "bind_weight", "planned_product", "traced_product"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
 _SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
@@ -77,11 +78,6 @@ def _key(values, constexpr) -> tuple:
 
 
 _RUNTIME = []  # [triton.knobs.runtime], looked up on the first launch
-
-
-# The current CUDA device's index, for the checks before a bound launch: the C getter
-# (torch.cuda.current_device adds two Python calls); None where PyTorch has no CUDA.
-current_cuda_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
 
 
 def hooks_installed() -> bool:
@@ -120,6 +116,24 @@ def _on_device(values):
     if index < 0 or index == torch._C._cuda_getDevice():
         return None
     return torch.cuda.device(index)
+
+
+def on_device(index: int, call):
+    """`call`, run with CUDA device `index` current: a bound call allocates on the current
+    device and launches a kernel compiled there. The switch (torch.cuda.device's, in C) is
+    taken only where another device is current."""
+    current, exchange = torch._C._cuda_getDevice, torch._C._cuda_exchangeDevice
+    restore = torch._C._cuda_maybeExchangeDevice
+
+    def on_its_device(*args):
+        if current() == index:
+            return call(*args)
+        previous = exchange(index)
+        try:
+            return call(*args)
+        finally:
+            restore(previous)
+    return on_its_device
 
 
 def on_device_of(tensor: torch.Tensor):
@@ -196,7 +210,7 @@ class Launch:
                 compiled = self.kernel[self.grid](*args, **self.kwargs)
             if compiled is not None and self._values is not None and not hooks_installed():
                 self._compiled[device] = compiled
-                self._direct[device] = self.direct({}, self.slots)
+                self._direct[device] = self.direct({}, self.slots, device)
             return
         # later calls: the compiled kernel's launcher, without Triton's Python wrapper
         direct(torch._C._cuda_getCurrentRawStream(device), *tensors)
@@ -215,18 +229,19 @@ class Launch:
         with (_on_device(tensors) if kernel is self.kernel else None) or contextlib.nullcontext():
             kernel[self.grid](*args, **self.kwargs)
 
-    def direct(self, fixed: dict, free: tuple):
-        """For the current CUDA device, once a call compiled the kernel there: a function
+    def direct(self, fixed: dict, free: tuple, index: int):
+        """For CUDA device `index`, once a call compiled the kernel there: a function
         `f(stream, *values)` that launches it with the arguments of the first call, except
         `fixed` ({slot: tensor}: passed as its address, e.g. a weight's) and the slots `free`,
         which take `values` in that order (tensors or addresses, specialized as the first
         call's were). The function holds the fixed tensors' addresses only: its caller makes
         sure they stay what it means (a layer keeps its weight buffers; mx_weight_linear's memo
-        is keyed by the addresses). None under the interpreter, while a launch hook is
-        installed, or before a first call on this device."""
+        is keyed by the addresses) and calls it with device `index` current (`on_device`).
+        None under the interpreter, while a launch hook is installed, or before a first call
+        on that device."""
         if self._values is None or hooks_installed():
             return None
-        compiled = self._compiled.get(torch._C._cuda_getDevice())
+        compiled = self._compiled.get(index)
         if compiled is None:
             return None
         values = self._values.copy()
@@ -265,16 +280,18 @@ def bound_product(main, reduce, out_shape: tuple, out_dtype: torch.dtype, device
     and partials, bias, out), `partials_shape` the fp32 split-K partials' (None without a
     reduce). x and bias are tensors or their addresses (bias None when absent). A fresh `out`
     of `out_shape` (contiguous: any shape of the planned output's elements) stands in for an
-    absent bias and for absent partials, as the plans' calls do."""
+    absent bias and for absent partials, as the plans' calls do. It runs with `device`
+    current (`on_device`), where the launches' kernels were compiled and the C allocator
+    allocates."""
     current_stream, index = torch._C._cuda_getCurrentRawStream, device.index
-    new_out = allocator(out_shape, out_dtype, device)  # (called with `device` current)
+    new_out = allocator(out_shape, out_dtype, device)
     if reduce is None:
         def product(x, bias):
             out = new_out()
             address = out.data_ptr()
             main(current_stream(index), x, address if bias is None else bias, address, address)
             return out
-        return product
+        return on_device(index, product)
 
     new_partials = allocator(partials_shape, torch.float32, device)
 
@@ -287,7 +304,7 @@ def bound_product(main, reduce, out_shape: tuple, out_dtype: torch.dtype, device
         main(stream, x, bias, address, partial_address)
         reduce(stream, partial_address, bias, address)
         return out
-    return split_product
+    return on_device(index, split_product)
 
 
 def bind_weight(main: Launch, reduce, w_scale: torch.Tensor, w_data: torch.Tensor,
@@ -295,8 +312,8 @@ def bind_weight(main: Launch, reduce, w_scale: torch.Tensor, w_data: torch.Tenso
     """`bound_product` of a linear plan whose main launch takes (x, w_data, w_scale, bias, out,
     partials) and whose reduce launch, if any, (partials, bias, out): the weight's addresses
     bound; None where either launch cannot be bound yet (`Launch.direct`)."""
-    bound_main = main.direct({1: w_data, 2: w_scale}, (0, 3, 4, 5))
-    bound_reduce = None if reduce is None else reduce.direct({}, (0, 1, 2))
+    bound_main = main.direct({1: w_data, 2: w_scale}, (0, 3, 4, 5), device.index)
+    bound_reduce = None if reduce is None else reduce.direct({}, (0, 1, 2), device.index)
     if bound_main is None or (reduce is not None and bound_reduce is None):
         return None
     return bound_product(bound_main, bound_reduce, out_shape, out_dtype, device,

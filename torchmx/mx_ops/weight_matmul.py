@@ -25,7 +25,7 @@ from .._eager import short_path
 from .._library import custom_op
 from .. import dtypes
 from .._memo import memo
-from ..kernels._launch import current_cuda_device, hooks_installed
+from ..kernels._launch import hooks_installed
 from ..kernels.linear import dispatch as kernels
 from ..kernels.quantize import backends
 from ..mx_tensor import MXTensor, dequantize
@@ -153,10 +153,7 @@ def kernel_linear(input, weight_scale, weight_data, fmt: dtypes.DType, block_siz
     for later calls of the same `key` (`_call_key`) where it can be."""
     out = kernels.linear(input, weight_scale, weight_data, fmt, block_size, in_features, bias,
                          out_dtype)
-    # bound where the input is on the current device, the device Launch.direct binds to (a
-    # call on another device is not bound, and its key stays open for a call there)
-    if (key not in _BOUND and input.is_cuda and key[2] == current_cuda_device()
-            and not hooks_installed()):
+    if key not in _BOUND and input.is_cuda and not hooks_installed():
         memo(_BOUND, key, lambda: kernels.bound_linear(
             input, weight_scale, weight_data, fmt, block_size, in_features, bias,
             out_dtype) or False)
@@ -166,9 +163,8 @@ def kernel_linear(input, weight_scale, weight_data, fmt: dtypes.DType, block_siz
 def bound_call(key: tuple, input, bias):
     """The call's output through its bound product (`kernel_linear`), or None where there is
     none (or a Triton launch hook wants the launches)."""
-    product = _BOUND.get(key)
-    if (not product or current_cuda_device() != key[2] or not cuda_kernels_on()
-            or hooks_installed()):
+    product = _BOUND.get(key)  # (run with the input's device current: bound_product)
+    if not product or not cuda_kernels_on() or hooks_installed():
         return None
     return product(input.data_ptr(), None if bias is None else bias.data_ptr())
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from .. import dtypes
 from .._eager import short_path
-from ..kernels._launch import current_cuda_device, hooks_installed
+from ..kernels._launch import hooks_installed
 from ..config import QLinearConfig
 from ..kernels.layouts import fp4_wgmma_layout, mma_layout, tma_stream_layout
 from ..kernels.linear import dispatch as linear_dispatch
@@ -431,7 +431,7 @@ class MXInferenceLinear(nn.Module):
         (`_bind`: the kernel launches of the linear's plan, its compiled kernels called
         directly), where forward would run that very plan: no prepacked copy, the weight
         buffers unchanged since, the bias absent or in x's dtype, contiguous and aligned, x
-        a plain contiguous 16-byte aligned tensor on the current CUDA device, and nothing that
+        a plain contiguous 16-byte aligned tensor on the weight's CUDA device, and nothing that
         traces, transforms or profiles the call (where a gradient is asked, the product runs
         below the layer's autograd.Function). None elsewhere: the full forward runs."""
         entry = _BOUND.get(self)
@@ -443,7 +443,7 @@ class MXInferenceLinear(nn.Module):
             return None
         address = x.data_ptr()  # passed as such: the launcher need not ask the tensor
         if (not x.is_contiguous() or address & 15 or x.get_device() != bound[1]
-                or current_cuda_device() != bound[1] or _dispatch_modes()
+                or _dispatch_modes()
                 or _functorch_transforms() or hooks_installed()
                 or not weight_matmul.cuda_kernels_on()):
             return None
@@ -471,8 +471,7 @@ class MXInferenceLinear(nn.Module):
         if entry is None or entry[0] != source:
             entry = _BOUND[self] = (source, {})
         if (type(x) is not torch.Tensor or x.device.type != "cuda" or not x.is_contiguous()
-                or x.data_ptr() & 15 or hooks_installed()
-                or x.get_device() != current_cuda_device()):  # (binds to the current device)
+                or x.data_ptr() & 15 or hooks_installed()):
             return
         product = linear_dispatch.bound_linear(x, *kernel_parts[:5], bias, x.dtype,
                                                kernel_parts[5])

@@ -16,7 +16,7 @@ from torch import nn
 
 from .._eager import short_path
 from ..config import QLinearConfig
-from ..kernels._launch import current_cuda_device, hooks_installed
+from ..kernels._launch import hooks_installed
 from ..kernels.quantize.backends import backend_for, triton_kernels
 from ..mx_tensor import MXTensor
 from ..numerics import arguments as args
@@ -126,8 +126,8 @@ def _dequantized(weight: MXTensor) -> torch.Tensor:
     object and kept on it: FSDP2 gathers every step into the same unsharded parameter, and the
     operator layer's checks and plan lookup would repeat, at every forward and backward, what
     the gather settled (shapes, dtypes, format). After its first call the plan is bound
-    (DequantizePlan.bound: its kernel launched on the tensors' addresses), called while no
-    Triton launch hook is installed and the weight's device is the current one."""
+    (DequantizePlan.bound: its kernel launched on the tensors' addresses, with their device
+    made current), called while no Triton launch hook is installed."""
     if not short_path():  # traced (torch.compile, export, modes): the operator
         return weight.dequantize()
     data, scale = weight._data, weight._scale_e8m0
@@ -135,7 +135,7 @@ def _dequantized(weight: MXTensor) -> torch.Tensor:
     cached = weight.__dict__.get("_torchmx_dequantize")
     if cached is not None and cached[1] == aligned:  # the plan was made for this alignment
         plan, _, bound = cached
-        if bound and not hooks_installed() and data.get_device() == current_cuda_device():
+        if bound and not hooks_installed():
             return bound(data, scale)
         out = plan(data, scale)
         if bound is None:  # bound once, after the plan's first call on this device

@@ -75,8 +75,8 @@ class _Launch:
     def __init__(self, bound):
         self.bound, self.asked = bound, None
 
-    def direct(self, fixed, free):
-        self.asked = (fixed, free)
+    def direct(self, fixed, free, index):
+        self.asked = (fixed, free, index)
         return self.bound
 
 
@@ -87,19 +87,19 @@ def test_bind_weight_fixes_the_weights_slots_and_the_partials(monkeypatch):
     monkeypatch.setattr(_launch, "bound_product", lambda *args: made.append(args) or "product")
     w_scale, w_data = torch.zeros(4, 2, dtype=torch.uint8), torch.zeros(4, 32, dtype=torch.uint8)
     main, reduce = _Launch("main"), _Launch("reduce")
-    cpu = torch.device("cpu")
-    assert _launch.bind_weight(main, reduce, w_scale, w_data, (1, 4), torch.bfloat16, cpu,
+    device = torch.device("cuda", 1)  # (bound_product, which would allocate there, is replaced)
+    assert _launch.bind_weight(main, reduce, w_scale, w_data, (1, 4), torch.bfloat16, device,
                                (3, 1, 4)) == "product"
-    assert main.asked[1] == (0, 3, 4, 5) and main.asked[0][1] is w_data
-    assert main.asked[0][2] is w_scale and reduce.asked == ({}, (0, 1, 2))
-    assert made[-1] == ("main", "reduce", (1, 4), torch.bfloat16, cpu, (3, 1, 4))
+    assert main.asked[1:] == ((0, 3, 4, 5), 1) and main.asked[0][1] is w_data
+    assert main.asked[0][2] is w_scale and reduce.asked == ({}, (0, 1, 2), 1)
+    assert made[-1] == ("main", "reduce", (1, 4), torch.bfloat16, device, (3, 1, 4))
     # without a split-K reduce: no partials
     assert _launch.bind_weight(_Launch("main"), None, w_scale, w_data, (1, 4), torch.float16,
-                               cpu, (3, 1, 4)) == "product"
-    assert made[-1] == ("main", None, (1, 4), torch.float16, cpu, None)
+                               device, (3, 1, 4)) == "product"
+    assert made[-1] == ("main", None, (1, 4), torch.float16, device, None)
     # a launch that cannot be bound yet (not compiled on this device, a launch hook): none
     assert _launch.bind_weight(_Launch(None), reduce, w_scale, w_data, (1, 4), torch.bfloat16,
-                               cpu, (3, 1, 4)) is None
+                               device, (3, 1, 4)) is None
     assert _launch.bind_weight(main, _Launch(None), w_scale, w_data, (1, 4), torch.bfloat16,
-                               cpu, (3, 1, 4)) is None
+                               device, (3, 1, 4)) is None
     assert len(made) == 2

@@ -897,9 +897,10 @@ class MmaPlan:
         unread without PIECES, keep the weight's own tensors."""
         if self.pieces:
             return None
+        index = self.device.index
         main = self.main.direct({1: w_data, 2: w_scale, 3: w_data, 4: w_scale, 5: w_scale},
-                                (0, 6, 7, 8))
-        reduce = self.reduce.direct({}, (0, 1, 2)) if self.reduce is not None else None
+                                (0, 6, 7, 8), index)
+        reduce = self.reduce.direct({}, (0, 1, 2), index) if self.reduce is not None else None
         if main is None or (self.split > 1 and reduce is None):
             return None
         return bound_product(main, reduce, out_shape, self.out_dtype, self.device,

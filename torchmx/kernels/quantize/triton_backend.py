@@ -38,7 +38,7 @@ from ...numerics.rounding import seed_key
 from ..._allocation import allocator
 from .._common import decode_constants, device_capability, empty, interpreting
 from ..._memo import memo
-from .._launch import Launch, current_cuda_device, hooks_installed, launch
+from .._launch import Launch, hooks_installed, launch, on_device
 
 __all__ = ["available", "quantize", "dequantize", "quantize_rowwise_colwise", "QuantizePlan",
            "DequantizePlan", "fake_quantize_rows", "fake_quantize_supported", "TUNING", "KNOBS",
@@ -390,10 +390,10 @@ def _on_addresses(launches: _Launches, bases: tuple) -> bool:
 
 
 def _bind_device_call(device_calls: dict, t: torch.Tensor, make) -> None:
-    """After a plan's launches ran for `t` on the current CUDA device: device_calls[index] =
+    """After a plan's launches ran for `t` (on its CUDA device): device_calls[index] =
     make(index) (False where it gives none), once per device."""
     index = t.get_device()
-    if index not in device_calls and index == current_cuda_device() and not hooks_installed():
+    if index not in device_calls and not hooks_installed():
         device_calls[index] = make(index) or False
 
 
@@ -553,7 +553,7 @@ class QuantizePlan:
         if self.device_calls is not None:
             index = x.get_device()
             call = self.device_calls.get(index)
-            if call and index == current_cuda_device() and not hooks_installed():
+            if call and not hooks_installed():
                 return call(x)
         if self.reference is not None:
             from ...numerics.reference import quantize_mx_reference
@@ -572,11 +572,10 @@ class QuantizePlan:
         """This plan's call on the compiled kernel of CUDA device `index` (Launch.direct, the
         tensors passed as addresses: no argument table or views per call), or None."""
         launch_ = self.launches.launches[0][0]
-        call = launch_.direct({}, launch_.slots)
+        call = launch_.direct({}, launch_.slots, index)
         if call is None:
             return None
         device, stream = torch.device("cuda", index), torch._C._cuda_getCurrentRawStream
-        # (called only with `device` current: __call__ and the operators check it)
         new_scale = allocator(self.scale_shape, torch.uint8, device)
         new_data = allocator(self.data_shape, self.storage, device)
 
@@ -584,7 +583,7 @@ class QuantizePlan:
             scale, data = new_scale(), new_data()
             call(stream(index), x.data_ptr(), scale.data_ptr(), data.data_ptr())
             return scale, data
-        return quantize
+        return on_device(index, quantize)
 
 
 def dequantize(data_lp: torch.Tensor, scale_u8: torch.Tensor, elem_dtype: dtypes.DType,
@@ -675,7 +674,7 @@ class DequantizePlan:
         if self.device_calls is not None:
             index = data_lp.get_device()
             call = self.device_calls.get(index)
-            if call and index == current_cuda_device() and not hooks_installed():
+            if call and not hooks_installed():
                 return call(data_lp, scale_u8)
         if self.reference is not None:
             from ...numerics.reference import dequantize_mx_reference
@@ -702,21 +701,21 @@ class DequantizePlan:
         with its one kernel launched through Launch.direct on their addresses: no argument
         table, views or launch bookkeeping per call. For a caller that dequantizes the same
         tensors again and again (MXLinear's FSDP2-gathered weight: forward and backward,
-        every step). None where the plan is not one launch over (data, scale, out), where
-        Launch.direct gives none (the interpreter, a launch hook, no call yet on the current
-        device) or where the tensors are not on the current device."""
+        every step). It runs with the tensors' device current (`on_device`). None where the
+        plan is not one launch over (data, scale, out), where Launch.direct gives none (the
+        interpreter, a launch hook, no call yet on the tensors' device) or where data and
+        scales are on different devices."""
         if self.reference is not None or self.launches is None or self.unpack \
                 or not _on_addresses(self.launches, ("data", "scale", "out")) \
                 or not (data_lp.is_contiguous() and scale_u8.is_contiguous()):
             return None
         launch_ = self.launches.launches[0][0]
-        index = current_cuda_device()
-        if data_lp.device.index != index or scale_u8.device.index != index:
+        index = data_lp.get_device()
+        if index < 0 or scale_u8.get_device() != index:
             return None
-        call = launch_.direct({}, launch_.slots)
+        call = launch_.direct({}, launch_.slots, index)
         if call is None:
             return None
-        # (called only with the tensors' device current: its callers check it)
         new_out = allocator(self.shape, self.dtype, data_lp.device)
         stream = torch._C._cuda_getCurrentRawStream
 
@@ -724,7 +723,7 @@ class DequantizePlan:
             out = new_out()
             call(stream(index), data.data_ptr(), scale.data_ptr(), out.data_ptr())
             return out
-        return dequantize
+        return on_device(index, dequantize)
 
 
 def fused_supported(fmt: dtypes.DType, block_size: int) -> bool:
