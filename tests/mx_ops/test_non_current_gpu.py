@@ -188,45 +188,101 @@ def test_layers_spread_over_two_gpus():
     assert torch.cuda.current_device() == CURRENT
 
 
-def test_compiled_linear():
-    """torch.compile's code launches the traced kernels on the device of their tensors."""
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_compiled_linear(backend):
+    """Compiled MX linears on the other GPU: inductor's code (the traced kernels) and a backend
+    that runs the graph as it is (the operator)."""
     w, x = _randn(512, 1024), _randn(1, 1024, seed=1)
 
     def make_call(index):
         w_mx = MXTensor.to_mx(_on(w, index), "float4_e2m1")
         x_i = _on(x, index)
-        compiled = torch.compile(lambda x: F.linear(x, w_mx), fullgraph=True)
+        compiled = torch.compile(lambda x: F.linear(x, w_mx), fullgraph=True, backend=backend)
         return lambda: compiled(x_i)
     with torch.no_grad():
         _check_on_other_gpu(make_call)
+
+
+def _other_gpu_calls(fmt):
+    """{name: call(x)} for an input x [16, 1024] on the other GPU: quantize, dequantize (of x's
+    codes), F.linear with an MX weight and MXInferenceLinear, all of their tensors there."""
+    device = f"cuda:{OTHER}"
+    w_mx = MXTensor.to_mx(_randn(256, 1024, seed=1).to(device), fmt)
+    layer = torchmx.MXInferenceLinear.from_float(
+        torch.nn.Linear(1024, 256, dtype=torch.bfloat16).to(device),
+        QLinearConfig(MXConfig(fmt), None))
+
+    def dequantize(x):
+        scale, data = torchmx.ops.quantize_mx(x, fmt, 32)
+        return torchmx.ops.dequantize_mx(data, scale, fmt, 32, torch.bfloat16)
+    return {"quantize": lambda x: torchmx.ops.quantize_mx(x, fmt, 32), "dequantize": dequantize,
+            "F.linear": lambda x: F.linear(x, w_mx), "MXInferenceLinear": layer}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_calls_on_the_other_gpu_are_bound(fmt):
     """The bound calls (one lookup and the launch on the tensors' addresses) serve the other
     GPU too, with its device made current for the call: quantize, dequantize, F.linear and
-    MXInferenceLinear, bound after their first call there."""
+    MXInferenceLinear take them from their second call there on."""
     from torchmx.kernels.quantize import triton_backend
     from torchmx.mx_ops import weight_matmul
     from torchmx.nn import inference_linear
 
     torch.cuda.set_device(CURRENT)
-    device = f"cuda:{OTHER}"
-    x = _randn(16, 1024).to(device)
-    w_mx = MXTensor.to_mx(_randn(256, 1024, seed=1).to(device), fmt)
-    layer = torchmx.MXInferenceLinear.from_float(
-        torch.nn.Linear(1024, 256, dtype=torch.bfloat16, device=device),
-        QLinearConfig(MXConfig(fmt), None))
+    triton_backend.BOUND_CALLS.clear()
+    weight_matmul._BOUND.clear()
+    x = _randn(16, 1024).to(f"cuda:{OTHER}")
+    calls = _other_gpu_calls(fmt)
     with torch.no_grad():
-        for _ in range(2):
-            scale, data = torchmx.ops.quantize_mx(x, fmt, 32)
-            torchmx.ops.dequantize_mx(data, scale, fmt, 32, torch.bfloat16)
-            F.linear(x, w_mx)
-            layer(x)
-    assert torch.cuda.current_device() == CURRENT
-    bound_ops = {key[1] for key, call in triton_backend.BOUND_CALLS.items()
-                 if call and key[0] == OTHER and key[2] in (x.shape, data.shape)}
-    assert bound_ops == {"quantize", "dequantize"}
-    assert any(product and key[2] == OTHER for key, product in weight_matmul._BOUND.items())
-    product, index = inference_linear._BOUND[layer][1][(x.shape, x.dtype, False)]
-    assert product is not None and index == OTHER
+        expected = {name: _cpu(call(x)) for name, call in calls.items()}
+        taken = []
+
+        def counted(name, bound):
+            return lambda *args: taken.append(name) or bound(*args)
+        for key, call in list(triton_backend.BOUND_CALLS.items()):
+            if call and key[0] == OTHER:
+                triton_backend.BOUND_CALLS[key] = counted(key[1], call)
+        for key, product in list(weight_matmul._BOUND.items()):
+            if product and key[2] == OTHER:
+                weight_matmul._BOUND[key] = counted("F.linear", product)
+        layer = calls["MXInferenceLinear"]
+        bound = inference_linear._BOUND[layer][1]
+        (shape_key, (product, index)), = bound.items()
+        assert index == OTHER
+        bound[shape_key] = (counted("MXInferenceLinear", product), index)
+        for name, call in calls.items():
+            _check_bits(_cpu(call(x)), expected[name])
+            assert torch.cuda.current_device() == CURRENT
+    # dequantize's call quantizes first
+    assert sorted(taken) == sorted(["quantize", "quantize", "dequantize", "F.linear",
+                                    "MXInferenceLinear"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_calls_run_on_the_other_gpus_current_stream(fmt):
+    """With a side stream current on the other GPU, whose input is written there after a long
+    sleep: the general launches and the bound calls read it on that stream (on any other
+    stream they would read the input before it is written)."""
+    torch.cuda.set_device(CURRENT)
+    device = f"cuda:{OTHER}"
+    source = _randn(16, 1024).to(device)
+    calls = _other_gpu_calls(fmt)
+    with torch.no_grad():
+        expected = {name: _cpu(call(source)) for name, call in calls.items()}
+    side, previous = torch.cuda.Stream(device=device), torch.cuda.current_stream(device)
+    torch.cuda.set_stream(side)  # (which makes the other GPU current)
+    torch.cuda.set_device(CURRENT)
+    try:
+        with torch.no_grad():
+            for _ in range(3):  # the first calls on this stream, then bound ones
+                for name, call in calls.items():
+                    x = torch.empty_like(source)
+                    with torch.cuda.device(OTHER):
+                        torch.cuda._sleep(20_000_000)  # (on the side stream)
+                    x.copy_(source)
+                    got = call(x)
+                    assert torch.cuda.current_device() == CURRENT
+                    _check_bits(_cpu(got), expected[name])
+    finally:
+        torch.cuda.set_stream(previous)
+        torch.cuda.set_device(CURRENT)

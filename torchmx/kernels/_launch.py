@@ -45,8 +45,8 @@ import torch
 from .._allocation import allocator
 from ._common import empty
 
-__all__ = ["launch", "Launch", "on_device", "on_device_of", "hooks_installed", "bound_product",
-           "bind_weight", "planned_product", "traced_product"]
+__all__ = ["launch", "Launch", "on_device", "hooks_installed", "bound_product", "bind_weight",
+           "planned_product", "traced_product"]
 
 _COMPILED = {}  # (kernel, device, options, argument specializations) -> CompiledKernel
 _SIGNATURES = {}  # kernel -> (parameter names, the same as a set, {name: default}, constexpr?)
@@ -136,12 +136,6 @@ def on_device(index: int, call):
     return on_its_device
 
 
-def on_device_of(tensor: torch.Tensor):
-    """A context that makes `tensor`'s CUDA device current, for a `kernel[grid](...)` written
-    out; it changes nothing for a CPU tensor (Triton's interpreter)."""
-    return _on_device((tensor,)) or contextlib.nullcontext()
-
-
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs) on the device of its first tensor, through the compiled
     kernel where it is known; returns the compiled kernel (None under the interpreter or a
@@ -188,7 +182,7 @@ class Launch:
         self.args = list(args)
         self._values = _values(kernel, args, kwargs) if hasattr(kernel, "device_caches") else None
         self._compiled = {}  # CUDA device index -> CompiledKernel
-        self._direct = {}  # CUDA device index -> self.direct({}, self.slots)
+        self._direct = {}  # CUDA device index -> self.direct({}, self.slots, index)
 
     def __call__(self, *tensors) -> None:
         direct = None
@@ -208,7 +202,10 @@ class Launch:
                 compiled = launch(self.kernel, self.grid, *args, **self.kwargs)
             else:
                 compiled = self.kernel[self.grid](*args, **self.kwargs)
-            if compiled is not None and self._values is not None and not hooks_installed():
+            # (kept for `device` where `launch` compiled it there: the device of the first
+            # tensor among all the arguments, which is the first of `tensors` for every plan)
+            if (compiled is not None and self._values is not None and not hooks_installed()
+                    and _device_of(args) == device):
                 self._compiled[device] = compiled
                 self._direct[device] = self.direct({}, self.slots, device)
             return

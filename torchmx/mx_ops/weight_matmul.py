@@ -138,8 +138,9 @@ def _call_key(input, weight_scale, weight_data, elem_dtype_name, block_size, in_
     weight: one key tells a call that a bound product computes (the weight's memory read
     where it lies; no tensor is kept)."""
     return (input.shape, input.dtype, input.get_device(), input.is_contiguous(),
-            input.data_ptr() & 15, weight_data.data_ptr(), weight_data.shape,
-            weight_data.stride(), weight_data.dtype, weight_scale.data_ptr(), weight_scale.shape,
+            input.data_ptr() & 15, weight_data.get_device(), weight_data.data_ptr(),
+            weight_data.shape, weight_data.stride(), weight_data.dtype,
+            weight_scale.get_device(), weight_scale.data_ptr(), weight_scale.shape,
             weight_scale.stride(), weight_scale.dtype, elem_dtype_name, type(block_size),
             block_size, type(in_features), in_features,
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device(),
@@ -300,8 +301,11 @@ def _route(a, w, k_dim: int, bias, out_dtype: torch.dtype) -> Optional[Tensor]:
             return out
         return kernel_linear(a, scale, data, w.elem_dtype, w.block_size, K, bias, out_dtype, key)
     op = torch.ops.torchmx.mx_weight_linear
-    if a.is_cuda and _compiling_not_exporting() and weight_matmul_compiled.defined():
-        op = torch.ops.torchmx.mx_weight_linear_triton  # its launches inlined by inductor
+    # the launches inlined by inductor, where the input is on the current device: a backend
+    # that runs the graph as it is (aot_eager) launches them with no switch of device
+    if (a.is_cuda and _compiling_not_exporting() and weight_matmul_compiled.defined()
+            and a.get_device() == torch.cuda.current_device()):
+        op = torch.ops.torchmx.mx_weight_linear_triton
     return op(a, scale, data, w.elem_dtype.name, w.block_size, K, bias, out_dtype)
 
 

@@ -131,15 +131,15 @@ def _dequantized(weight: MXTensor) -> torch.Tensor:
     if not short_path():  # traced (torch.compile, export, modes): the operator
         return weight.dequantize()
     data, scale = weight._data, weight._scale_e8m0
-    aligned = (data.data_ptr() & 15, scale.data_ptr() & 15)
+    where = (data.get_device(), data.data_ptr() & 15, scale.data_ptr() & 15)
     cached = weight.__dict__.get("_torchmx_dequantize")
-    if cached is not None and cached[1] == aligned:  # the plan was made for this alignment
+    if cached is not None and cached[1] == where:  # the plan was made for this device, alignment
         plan, _, bound = cached
         if bound and not hooks_installed():
             return bound(data, scale)
         out = plan(data, scale)
-        if bound is None:  # bound once, after the plan's first call on this device
-            weight.__dict__["_torchmx_dequantize"] = (plan, aligned,
+        if bound is None:  # bound once, after the plan's first call
+            weight.__dict__["_torchmx_dequantize"] = (plan, where,
                                                       plan.bound(data, scale) or False)
         return out
     if data.is_cuda and data.dim() == 2 and weight._block_dim == 1 \
@@ -147,7 +147,7 @@ def _dequantized(weight: MXTensor) -> torch.Tensor:
         plan = triton_kernels().DequantizePlan(data, scale, weight._elem_dtype,
                                                weight._block_size, weight.dtype, 1,
                                                weight.shape[1])
-        weight.__dict__["_torchmx_dequantize"] = (plan, aligned, None)
+        weight.__dict__["_torchmx_dequantize"] = (plan, where, None)
         return plan(data, scale)
     return weight.dequantize()
 

@@ -53,7 +53,6 @@ import torch
 
 from ... import dtypes
 from .._common import interpreting, packed_decode_constants, sm_count
-from .._launch import on_device_of
 from .mma_linear import FAST_SCALES
 # Gluon with the Hopper TMA / wgmma API, an sm_90 GPU, not the interpreter: what the stream
 # kernel needs too (_gl_mx_gemm builds on _gl_stream)
@@ -175,7 +174,7 @@ def permuted_weight(w_data: torch.Tensor, w_scale: torch.Tensor,
     out = torch.empty((N, K), dtype=torch.bfloat16, device=w_data.device)
     if N:
         grid, arguments, constants = dequantize_arguments(w_data, w_scale, w_fmt, out)
-        with on_device_of(out):
+        with torch.cuda.device_of(out):  # (Triton launches on the current device)
             permuted_dequantize_kernel[grid](*arguments, **constants)
     return out
 
@@ -242,7 +241,7 @@ def fixup(x_data, x_scale, x_fmt, w_data, w_scale, w_fmt, out, flags) -> None:
     if flags.numel():
         grid, arguments, constants = fixup_arguments(x_data, x_scale, x_fmt, w_data, w_scale,
                                                      w_fmt, out, flags)
-        with on_device_of(out):
+        with torch.cuda.device_of(out):  # (Triton launches on the current device)
             fixup_kernel[grid](*arguments, **constants)
 
 
@@ -286,7 +285,7 @@ def mx_gemm(x_data: torch.Tensor, x_scale: torch.Tensor, x_fmt: dtypes.DType,
     state = torch.zeros(_flag_count(M, N) + tiles_n + 1, dtype=torch.int32, device=device)
     flags, counts = state[:-(tiles_n + 1)], state[-(tiles_n + 1):]
     w = torch.empty((N, K), dtype=torch.bfloat16, device=device)
-    with on_device_of(out):
+    with torch.cuda.device_of(out):  # (Triton launches on the current device)
         if before:
             grid, arguments, constants = dequantize_arguments(w_data, w_scale, w_fmt, w,
                                                               rows=before * TILE_N)

@@ -70,7 +70,6 @@ from ...numerics import arguments as args
 from ..layouts import tma_stream_layout
 from .._common import (aligned, device_capability, empty, interpreting,
                        packed_decode_constants, sm_count)
-from .._launch import on_device_of
 
 __all__ = ["MAX_PREFETCH", "MAX_SPLIT", "USE_PDL", "StreamConfig", "available", "check_parts",
            "default_config", "eligible", "fills_waves", "kernel_arguments", "split_k",
@@ -273,7 +272,7 @@ def stream_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     out = torch.empty((x.shape[0], N), dtype=out_dtype, device=x.device)
     grid, arguments, constants = kernel_arguments(x, codes, scales, w_scale, w_data, fmt, bias,
                                                   out, config, counters)
-    with on_device_of(x):
+    with torch.cuda.device_of(x):  # (Triton launches on the current device)
         stream_linear_kernel[grid](*arguments, **constants)
     return out
 
