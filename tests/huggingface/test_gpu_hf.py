@@ -53,7 +53,8 @@ def test_torchmx_config_model_on_the_gpu(tmp_path):
     assert all(torch.equal(a[k], c[k].cpu()) for k in a)
 
 
-def test_gpt_oss_mxfp4_checkpoint_onto_the_gpu(tmp_path):
+def _tiny_gpt_oss_mxfp4():
+    """A one-layer bf16 gpt-oss with 8 experts, its experts quantized to MXFP4 (seed 0)."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
     from torchmx.huggingface import gpt_oss
@@ -66,6 +67,13 @@ def test_gpt_oss_mxfp4_checkpoint_onto_the_gpu(tmp_path):
     torch.manual_seed(0)
     model = GptOssForCausalLM(config).to(torch.bfloat16).eval()
     gpt_oss.quantize_experts_(model)
+    return model
+
+
+def test_gpt_oss_mxfp4_checkpoint_onto_the_gpu(tmp_path):
+    from torchmx.huggingface import gpt_oss
+
+    model = _tiny_gpt_oss_mxfp4()
     model.config.quantization_config = {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
     model.save_pretrained(tmp_path / "gpt-oss")
@@ -120,20 +128,9 @@ def test_torchmx_config_model_spread_over_two_gpus(tmp_path):
 
 
 @two_gpus
-def test_gpt_oss_experts_on_the_other_gpu(tmp_path):
+def test_gpt_oss_experts_on_the_other_gpu():
     """The routed MXFP4 experts on cuda:1 while cuda:0 is current."""
-    from transformers import GptOssConfig, GptOssForCausalLM
-
-    from torchmx.huggingface import gpt_oss
-
-    config = GptOssConfig(vocab_size=128, hidden_size=256, intermediate_size=256,
-                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=64, num_local_experts=8, num_experts_per_tok=4,
-                          sliding_window=16, layer_types=["full_attention"],
-                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    torch.manual_seed(0)
-    model = GptOssForCausalLM(config).to(torch.bfloat16).eval()
-    gpt_oss.quantize_experts_(model)
+    model = _tiny_gpt_oss_mxfp4()
     torch.cuda.set_device(0)
     expected = _logit_bits(copy.deepcopy(model).to("cuda:0"), "cuda:0")
     other = model.to("cuda:1")
