@@ -188,16 +188,18 @@ def test_layers_spread_over_two_gpus():
     assert torch.cuda.current_device() == CURRENT
 
 
-@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
-def test_compiled_linear(backend):
-    """Compiled MX linears on the other GPU: inductor's code (the traced kernels) and a backend
-    that runs the graph as it is (the operator)."""
-    w, x = _randn(512, 1024), _randn(1, 1024, seed=1)
+@pytest.mark.parametrize("options", [{}, {"backend": "aot_eager"}, {"mode": "reduce-overhead"}],
+                         ids=["inductor", "aot_eager", "reduce-overhead"])
+@pytest.mark.parametrize("rows", [1, 16])
+def test_compiled_linear(options, rows):
+    """Compiled MX linears on the other GPU: inductor's code (the traced kernels, or the
+    operator), a backend that runs the graph as it is, and CUDA graphs."""
+    w, x = _randn(512, 1024), _randn(rows, 1024, seed=1)
 
     def make_call(index):
         w_mx = MXTensor.to_mx(_on(w, index), "float4_e2m1")
         x_i = _on(x, index)
-        compiled = torch.compile(lambda x: F.linear(x, w_mx), fullgraph=True, backend=backend)
+        compiled = torch.compile(lambda x: F.linear(x, w_mx), fullgraph=True, **options)
         return lambda: compiled(x_i)
     with torch.no_grad():
         _check_on_other_gpu(make_call)
