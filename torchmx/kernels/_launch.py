@@ -26,7 +26,7 @@ every call takes `kernel[grid]` itself.
 
 Triton compiles for and launches on the current CUDA device, on its current stream; PyTorch's
 own operators switch to their tensors' device instead. So every launch here runs with the
-device of its first tensor argument made current (`_on_device`): tensors on `cuda:1` while
+device of its first tensor argument made current (`_device_switch`): tensors on `cuda:1` while
 `cuda:0` is current (a model spread over GPUs by `device_map`) are computed on `cuda:1`, on
 that device's current stream. The bound calls built on `Launch.direct` (`bound_product`, the
 quantize plans' `device_calls`) belong to one device and make it current where another is
@@ -109,7 +109,7 @@ def _device_of(values) -> int:
     return -1
 
 
-def _on_device(values):
+def _device_switch(values):
     """None where the first tensor among `values` is on the current CUDA device (or on none),
     else a context that makes its device current."""
     index = _device_of(values)
@@ -144,7 +144,7 @@ def launch(kernel, grid, *args, **kwargs):
         kernel[grid](*args, **kwargs)
         return None
     values = _values(kernel, args, kwargs)
-    guard = _on_device(values)
+    guard = _device_switch(values)
     if guard is not None:
         with guard:
             return launch(kernel, grid, *args, **kwargs)
@@ -187,7 +187,7 @@ class Launch:
     def __call__(self, *tensors) -> None:
         direct = None
         if self._values is not None:
-            guard = _on_device(tensors)
+            guard = _device_switch(tensors)
             if guard is not None:
                 with guard:
                     return self(*tensors)
@@ -223,7 +223,8 @@ class Launch:
         kernel = wrap_triton(self.kernel)
         # where nothing traces, Triton launches on the current device (inductor's generated
         # code makes the device of the kernels it launches current itself)
-        with (_on_device(tensors) if kernel is self.kernel else None) or contextlib.nullcontext():
+        switch = _device_switch(tensors) if kernel is self.kernel else None
+        with switch or contextlib.nullcontext():
             kernel[self.grid](*args, **self.kwargs)
 
     def direct(self, fixed: dict, free: tuple, index: int):

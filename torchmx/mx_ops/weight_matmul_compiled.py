@@ -4,10 +4,10 @@ visible to torch.compile.
 Inductor calls an ordinary custom operator through the dispatcher at every step of a compiled
 graph, and the operator's body then finds its plan: more host time per one-row MX linear
 than a decode kernel's GPU time (benchmarks/bench_overhead.py --mlp; docs/performance.md).
-This operator is a
-`torch.library.triton_op`: torch.compile runs its body once, on fake tensors, while it traces
-the graph; the body records its Triton launches through `torch.library.wrap_triton`, and
-inductor's generated code makes them itself, as it launches its own kernels. The launches are
+This operator is a `torch.library.triton_op`: torch.compile runs its body once, on fake
+tensors, while it traces the graph; the body records its Triton launches through
+`torch.library.wrap_triton`, and inductor's generated code makes them itself, as it launches
+its own kernels. The launches are
 the eager plan's (kernels/linear/dispatch.py `traced_linear`): the same kernels with the same
 constants, so the bits are eager's.
 
@@ -17,8 +17,8 @@ cuBLAS (many rows) and symbolic shapes call mx_weight_linear inside the body, wh
 one opaque node of the graph; so does every product off CUDA.
 
 `_route` in weight_matmul.py calls this operator instead of mx_weight_linear while
-torch.compile traces a product on CUDA, but not under torch.export: exported programs keep
-mx_weight_linear, which a saved program names. The operator is defined at the end of
+torch.compile traces a product on the current CUDA device, but not under torch.export:
+exported programs keep mx_weight_linear, which a saved program names. The operator is defined at the end of
 `import torchmx` where CUDA and Triton are present (`define_where_usable`), so that a CPU
 machine imports no Triton.
 """
